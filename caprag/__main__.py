@@ -1,0 +1,58 @@
+"""`python -m caprag ask "question" [--thread ID]`: answer from the shell."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from caprag.errors import CapragError
+from caprag.services import AskResult, ask_question
+
+
+def render(result: AskResult) -> str:
+    """The answer, its sources and what the turn cost, for a terminal."""
+    lines = [result.answer, ""]
+    if result.main_question != result.question:
+        lines.insert(0, f"(searched as: {result.main_question})")
+    lines.append("Sources:")
+    lines += [f"  - {s.book_title or s.book_id}, p. {s.page} — {s.section} [{s.passage_id}]"
+              for s in result.sources] or ["  (none)"]
+    lines.append(
+        f"Strategy {result.strategy}: {result.hop_count} hop(s), "
+        f"{result.prompt_tokens + result.completion_tokens} tokens "
+        f"({result.prompt_tokens} prompt + {result.completion_tokens} completion), "
+        f"${result.cost_usd:.6f}, {result.latency_s:.2f}s, thread {result.thread_id}"
+    )
+    for hop in result.hops:
+        decision = ""
+        if hop.decision is not None:
+            decision = " → sufficient" if hop.decision.sufficient else (
+                " → next: " + "; ".join(hop.decision.new_queries)
+            )
+        lines.append(
+            f"  hop {hop.hop}: {len(hop.queries)} query(ies), {hop.new_documents} new, "
+            f"{hop.duplicate_documents} duplicate{decision}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `python -m caprag`."""
+    parser = argparse.ArgumentParser(prog="python -m caprag")
+    commands = parser.add_subparsers(dest="command", required=True)
+    ask = commands.add_parser("ask", help="answer one question")
+    ask.add_argument("question")
+    ask.add_argument("--thread", default=None, help="conversation thread id")
+    args = parser.parse_args(argv)
+    try:
+        result = asyncio.run(ask_question(args.question, args.thread))
+    except CapragError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(render(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""The sufficiency analyzer: do the gathered passages answer the question, and what to search next.
+
+The decision rule is a pure function (`decide`) used by the offline backend and testable alone;
+LLM backends make the same decision with the versioned ANALYZE prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from caprag.schemas import Document, SufficiencyDecision
+from caprag.text import Reference, references, terms
+
+MAX_NEW_QUERIES = 4
+FOLLOW_FROM_TOP = 4
+
+
+def is_resolved(reference: Reference, documents: Sequence[Document]) -> bool:
+    """A reference is resolved when a gathered passage is its target (same book, name or page)."""
+    for doc in documents:
+        if doc.book_short.lower() != reference.short.lower():
+            continue
+        if reference.name and doc.section.lower() == reference.name.lower():
+            return True
+        if not reference.name and doc.page == reference.page:
+            return True
+    return False
+
+
+def relevance(question_terms: set[str], doc: Document) -> float:
+    """Share of the question's terms a passage contains (its heading counts twice)."""
+    if not question_terms:
+        return 0.0
+    body = set(terms(doc.text))
+    head = set(terms(doc.section))
+    return (len(question_terms & body) + len(question_terms & head)) / len(question_terms)
+
+
+def unresolved_references(question: str, documents: Sequence[Document]) -> list[Reference]:
+    """References in the passages most relevant to the question whose target is not gathered."""
+    wanted = set(terms(question))
+    ranked = sorted(documents, key=lambda d: (-relevance(wanted, d), -d.score, d.passage_id))
+    found: list[Reference] = []
+    for doc in ranked[:FOLLOW_FROM_TOP]:
+        if relevance(wanted, doc) == 0:
+            continue
+        for reference in references(doc.text):
+            if reference not in found and not is_resolved(reference, documents):
+                found.append(reference)
+    return found
+
+
+def uncovered_terms(question: str, documents: Sequence[Document]) -> list[str]:
+    """Question terms that no gathered passage contains."""
+    covered: set[str] = set()
+    for doc in documents:
+        covered.update(terms(doc.text))
+        covered.update(terms(doc.section))
+    return [t for t in dict.fromkeys(terms(question)) if t not in covered]
+
+
+def decide(
+    question: str, documents: Sequence[Document], searched: Sequence[str] = ()
+) -> SufficiencyDecision:
+    """Offline decision: follow unresolved references first, then search uncovered terms."""
+    asked = {q.strip().lower() for q in searched}
+    queries: list[str] = []
+    reasons: list[str] = []
+    refs = unresolved_references(question, documents)
+    for reference in refs:
+        query = reference.query()
+        if query.lower() not in asked and query not in queries:
+            queries.append(query)
+    if refs:
+        reasons.append(
+            "unresolved references: " + ", ".join(r.query() for r in refs[:MAX_NEW_QUERIES])
+        )
+    missing = uncovered_terms(question, documents)
+    if missing:
+        reasons.append("question terms not covered: " + ", ".join(missing))
+        query = " ".join(missing)
+        if query.lower() not in asked and query not in queries:
+            queries.append(query)
+    queries = queries[:MAX_NEW_QUERIES]
+    if not queries:
+        return SufficiencyDecision(
+            sufficient=True,
+            new_queries=[],
+            reasoning="; ".join(reasons) + ("; " if reasons else "")
+            + "nothing left to search: every reference is resolved or already searched",
+        )
+    return SufficiencyDecision(sufficient=False, new_queries=queries, reasoning="; ".join(reasons))

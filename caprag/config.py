@@ -1,0 +1,92 @@
+"""Settings from the environment, validated at start-up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from caprag.errors import ConfigError, MissingAPIKeyError
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+BUNDLED_CORPUS = PROJECT_ROOT / "datasets" / "books"
+
+StrategyName = Literal["multi-hop", "multi-question", "single"]
+LLMName = Literal["offline", "openai"]
+EmbeddingName = Literal["minilm", "wordllama"]
+StructuredMethod = Literal["function_calling", "json_schema", "json_mode"]
+
+
+class Settings(BaseSettings):
+    """Everything the pipeline reads from the environment (names documented in the README)."""
+
+    model_config = SettingsConfigDict(extra="ignore", populate_by_name=True)
+
+    retrieval_strategy: StrategyName = Field(
+        "multi-hop", validation_alias=AliasChoices("RETRIEVAL_STRATEGY", "retrieval_strategy")
+    )
+    llm: LLMName = Field("offline", validation_alias=AliasChoices("CAPRAG_LLM", "llm"))
+    model: str = Field("gpt-4o-mini", validation_alias=AliasChoices("CAPRAG_MODEL", "model"))
+    rewrite_model: str = Field(
+        "gpt-4o-mini", validation_alias=AliasChoices("CAPRAG_REWRITE_MODEL", "rewrite_model")
+    )
+    price_model: str = Field(
+        "gpt-4o-mini",
+        validation_alias=AliasChoices("CAPRAG_PRICE_MODEL", "price_model"),
+        description="Model whose prices estimate the cost of offline calls.",
+    )
+    openai_api_key: str | None = Field(
+        None, validation_alias=AliasChoices("OPENAI_API_KEY", "openai_api_key")
+    )
+    openai_base_url: str | None = Field(
+        None, validation_alias=AliasChoices("OPENAI_BASE_URL", "openai_base_url")
+    )
+    structured_output: StructuredMethod = Field(
+        "function_calling",
+        validation_alias=AliasChoices("CAPRAG_STRUCTURED_OUTPUT", "structured_output"),
+    )
+    corpus: Path = Field(BUNDLED_CORPUS, validation_alias=AliasChoices("CAPRAG_CORPUS", "corpus"))
+    chroma_dir: Path = Field(
+        Path(".caprag/chroma"), validation_alias=AliasChoices("CAPRAG_CHROMA_DIR", "chroma_dir")
+    )
+    embedding: EmbeddingName = Field(
+        "minilm", validation_alias=AliasChoices("CAPRAG_EMBEDDING", "embedding")
+    )
+    k: int = Field(8, ge=1, le=100, validation_alias=AliasChoices("CAPRAG_K", "k"))
+    max_hops: int = Field(3, ge=1, le=10, validation_alias=AliasChoices("CAPRAG_MAX_HOPS", "max_hops"))
+
+    @model_validator(mode="after")
+    def _key_for_openai(self) -> Settings:
+        if self.llm == "openai" and not self.openai_api_key:
+            raise MissingAPIKeyError(
+                "CAPRAG_LLM=openai needs an API key: set OPENAI_API_KEY (any value for a local "
+                "server that ignores it) and OPENAI_BASE_URL for a non-OpenAI endpoint"
+            )
+        return self
+
+
+ENV_NAMES = {
+    "retrieval_strategy": "RETRIEVAL_STRATEGY",
+    "llm": "CAPRAG_LLM",
+    "embedding": "CAPRAG_EMBEDDING",
+    "structured_output": "CAPRAG_STRUCTURED_OUTPUT",
+    "k": "CAPRAG_K",
+    "max_hops": "CAPRAG_MAX_HOPS",
+}
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read and validate settings; raise ConfigError naming the variable and allowed values."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            field = str(error["loc"][0]) if error["loc"] else "?"
+            name = ENV_NAMES.get(field, field)
+            problems.append(f"{name}={error.get('input')!r}: {error['msg']}")
+        raise ConfigError("invalid settings: " + "; ".join(problems)) from None
+    except MissingAPIKeyError:
+        raise

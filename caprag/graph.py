@@ -1,0 +1,86 @@
+"""The LangGraph pipeline: START → rewrite → retrieve → generate → END, with a checkpointer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.checkpoint.memory import MemorySaver
+from langgraph.graph import END, START, StateGraph
+
+from caprag.llm.base import LLM
+from caprag.schemas import AnswerWithSources, Source
+from caprag.state import GraphState
+from caprag.strategies.base import RetrievalStrategy
+
+HISTORY_PAIRS = 20
+
+
+def history_pairs(messages: Sequence[AnyMessage], window: int = HISTORY_PAIRS) -> list[tuple[str, str]]:
+    """Completed question/answer pairs, the last `window` of them (the current question excluded)."""
+    pairs: list[tuple[str, str]] = []
+    pending: str | None = None
+    for message in messages:
+        if isinstance(message, HumanMessage):
+            pending = str(message.content)
+        elif isinstance(message, AIMessage) and pending is not None:
+            pairs.append((pending, str(message.content)))
+            pending = None
+    return pairs[-window:] if window else []
+
+
+def build_graph(
+    strategy: RetrievalStrategy,
+    llm: LLM,
+    *,
+    checkpointer: BaseCheckpointSaver[Any] | None = None,
+    history_window: int = HISTORY_PAIRS,
+) -> Any:
+    """Compile the graph; the strategy and LLM are passed in, never read from global config."""
+
+    async def rewrite(state: GraphState) -> dict[str, Any]:
+        """Make the question standalone from the history; no LLM call without history."""
+        history = history_pairs(state.messages[:-1], history_window)
+        if not history:
+            return {"main_question": state.question, "rewrite_usage": None}
+        result = await llm.rewrite(state.question, history)
+        return {"main_question": result.value, "rewrite_usage": result.usage}
+
+    async def retrieve(state: GraphState) -> dict[str, Any]:
+        """Run the selected retrieval strategy."""
+        done = await strategy.execute(state)
+        return {"questions": done.questions, "context": done.context, "hops": done.hops}
+
+    async def generate(state: GraphState) -> dict[str, Any]:
+        """Answer from the context passages, citing them."""
+        history = history_pairs(state.messages[:-1], history_window)
+        result = await llm.generate(state.main_question, state.context, history)
+        by_id = {doc.passage_id: doc for doc in state.context}
+        sources = [
+            Source(
+                passage_id=doc.passage_id,
+                book_id=doc.book_id,
+                book_title=doc.book_title,
+                section=doc.section,
+                page=doc.page,
+            )
+            for doc in (by_id[i] for i in result.value.source_ids if i in by_id)
+        ]
+        answer = AnswerWithSources(answer=result.value.answer, sources=sources)
+        return {
+            "answer": answer,
+            "generate_usage": result.usage,
+            "messages": [AIMessage(answer.answer)],
+        }
+
+    builder = StateGraph(GraphState)
+    builder.add_node("rewrite", rewrite)
+    builder.add_node("retrieve", retrieve)
+    builder.add_node("generate", generate)
+    builder.add_edge(START, "rewrite")
+    builder.add_edge("rewrite", "retrieve")
+    builder.add_edge("retrieve", "generate")
+    builder.add_edge("generate", END)
+    return builder.compile(checkpointer=checkpointer if checkpointer is not None else MemorySaver())

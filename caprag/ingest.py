@@ -1,0 +1,46 @@
+"""`python -m caprag.ingest PATH`: parse the books under PATH and index them (unchanged ones skipped)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from caprag.books import load_books
+from caprag.config import Settings, load_settings
+from caprag.embeddings import get_embedder
+from caprag.errors import CapragError
+from caprag.store import IngestReport, PassageIndex
+
+
+def open_index(settings: Settings) -> PassageIndex:
+    """Open the passage index the settings point at."""
+    return PassageIndex(settings.chroma_dir, get_embedder(settings.embedding))
+
+
+def ingest_path(path: Path | str, settings: Settings, *, prune: bool = False) -> IngestReport:
+    """Parse every book under path, then add what changed to the index."""
+    books = load_books(path)
+    if not books:
+        raise CapragError(f"no books (Markdown files with front matter) found under {path}")
+    return open_index(settings).ingest(books, prune=prune)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Ingest the rulebooks under PATH into the vector store."""
+    parser = argparse.ArgumentParser(prog="python -m caprag.ingest", description=main.__doc__)
+    parser.add_argument("path", type=Path, nargs="?", help="books folder (default: CAPRAG_CORPUS)")
+    parser.add_argument("--prune", action="store_true", help="remove books no longer under PATH")
+    args = parser.parse_args(argv)
+    try:
+        settings = load_settings()
+        report = ingest_path(args.path or settings.corpus, settings, prune=args.prune)
+    except (CapragError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(report.summary())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""An LLM backend over any LangChain chat model: ChatOpenAI for real runs, scripted fakes in tests."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage
+from pydantic import BaseModel
+
+from caprag import analyzer
+from caprag.errors import LLMCallError, StructuredOutputError
+from caprag.llm.base import LLM, History, LLMResult, format_history, format_passages
+from caprag.llm.usage import count_tokens, price
+from caprag.prompts import ANALYZE, EXPAND, GENERATE, REWRITE, Prompt
+from caprag.schemas import CallUsage, Document, GeneratedAnswer, Questions, SufficiencyDecision
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ChatModelLLM(LLM):
+    """Structured steps through `with_structured_output`; a reply that does not parse is retried,
+    then raised as StructuredOutputError. Transport retries (429, 5xx, timeouts) belong to the
+    chat model's client."""
+
+    backend = "chat"
+
+    def __init__(
+        self,
+        chat: BaseChatModel,
+        model: str,
+        *,
+        rewrite_chat: BaseChatModel | None = None,
+        rewrite_model: str | None = None,
+        structured_method: str = "function_calling",
+        parse_attempts: int = 3,
+        backend: str = "chat",
+    ) -> None:
+        self.chat = chat
+        self.model = model
+        self.rewrite_chat = rewrite_chat or chat
+        self.rewrite_model = rewrite_model or model
+        self.structured_method = structured_method
+        self.parse_attempts = parse_attempts
+        self.backend = backend
+
+    def _usage(
+        self, step: str, prompt: Prompt, model: str, messages: list[BaseMessage], raw: Any, t0: float
+    ) -> CallUsage:
+        reported = getattr(raw, "usage_metadata", None) if isinstance(raw, AIMessage) else None
+        if reported:
+            prompt_tokens = int(reported.get("input_tokens", 0))
+            completion_tokens = int(reported.get("output_tokens", 0))
+            counted = "reported"
+        else:
+            prompt_tokens = sum(count_tokens(str(m.content)) for m in messages)
+            completion_tokens = count_tokens(_raw_text(raw))
+            counted = "tokenizer"
+        return CallUsage(
+            step=step,
+            model=model,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            cost_usd=price(model, prompt_tokens, completion_tokens),
+            latency_s=time.perf_counter() - t0,
+            counted=counted,  # type: ignore[arg-type]
+            prompt_version=prompt.version,
+        )
+
+    async def _structured(
+        self, step: str, prompt: Prompt, schema: type[M], **values: str
+    ) -> LLMResult[M]:
+        messages = prompt.render(**values)
+        runnable = self.chat.with_structured_output(
+            schema, method=self.structured_method, include_raw=True  # type: ignore[arg-type]
+        )
+        detail = ""
+        spent: list[CallUsage] = []
+        for _attempt in range(self.parse_attempts):
+            t0 = time.perf_counter()
+            try:
+                out = await runnable.ainvoke(messages)
+            except Exception as exc:
+                raise LLMCallError(f"{step}: the LLM endpoint failed: {exc}") from exc
+            assert isinstance(out, dict)
+            usage = self._usage(step, prompt, self.model, messages, out.get("raw"), t0)
+            spent.append(usage)
+            parsed = out.get("parsed")
+            if isinstance(parsed, schema):
+                total = usage.model_copy(
+                    update={
+                        "prompt_tokens": sum(u.prompt_tokens for u in spent),
+                        "completion_tokens": sum(u.completion_tokens for u in spent),
+                        "cost_usd": sum(u.cost_usd for u in spent),
+                        "latency_s": sum(u.latency_s for u in spent),
+                    }
+                )
+                return LLMResult(value=parsed, usage=total)
+            detail = str(out.get("parsing_error") or f"no {schema.__name__} in the reply")
+        raise StructuredOutputError(schema.__name__, detail, self.parse_attempts)
+
+    async def expand(self, question: str, n: int) -> LLMResult[list[str]]:
+        """Ask for sub-questions as a Questions object."""
+        result = await self._structured("expand", EXPAND, Questions, question=question, n=str(n))
+        return LLMResult(value=result.value.questions[:n], usage=result.usage)
+
+    async def analyze(
+        self, question: str, documents: Sequence[Document], searched: Sequence[str]
+    ) -> LLMResult[SufficiencyDecision]:
+        """Ask for a SufficiencyDecision."""
+        return await self._structured(
+            "analyze",
+            ANALYZE,
+            SufficiencyDecision,
+            question=question,
+            searched="\n".join(searched) or "(nothing)",
+            passages=format_passages(documents),
+            max_queries=str(analyzer.MAX_NEW_QUERIES),
+        )
+
+    async def generate(
+        self, question: str, documents: Sequence[Document], history: History = ()
+    ) -> LLMResult[GeneratedAnswer]:
+        """Ask for a GeneratedAnswer; ids not among the documents are dropped."""
+        result = await self._structured(
+            "generate",
+            GENERATE,
+            GeneratedAnswer,
+            question=question,
+            passages=format_passages(documents),
+            history=format_history(history) + "\n\n" if history else "",
+        )
+        known = {d.passage_id for d in documents}
+        answer = result.value.model_copy(
+            update={"source_ids": [i for i in result.value.source_ids if i in known]}
+        )
+        return LLMResult(value=answer, usage=result.usage)
+
+    async def rewrite(self, question: str, history: History) -> LLMResult[str]:
+        """Plain-text rewrite with the (possibly cheaper) rewrite model."""
+        messages = REWRITE.render(question=question, history=format_history(history))
+        t0 = time.perf_counter()
+        try:
+            raw = await self.rewrite_chat.ainvoke(messages)
+        except Exception as exc:
+            raise LLMCallError(f"rewrite: the LLM endpoint failed: {exc}") from exc
+        text = _raw_text(raw).strip().strip('"').strip()
+        usage = self._usage("rewrite", REWRITE, self.rewrite_model, messages, raw, t0)
+        return LLMResult(value=text or question, usage=usage)
+
+
+def _raw_text(raw: Any) -> str:
+    if isinstance(raw, AIMessage):
+        calls = " ".join(str(c.get("args")) for c in raw.tool_calls)
+        return f"{raw.text}{calls}"
+    return "" if raw is None else str(raw)

@@ -1,0 +1,178 @@
+"""The offline backend: deterministic, non-neural, no key, no network; an honest baseline.
+
+Expansion by entities and keywords, sufficiency by unresolved references and uncovered terms,
+extractive answers that cite passages, rewrite by carrying entities of earlier turns.
+Usage is counted by rendering the same versioned prompts an LLM would get and tokenizing them,
+priced at a reference model, so strategies can be compared on cost offline.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Sequence
+from typing import TypeVar
+
+from caprag import analyzer
+from caprag.llm.base import LLM, History, LLMResult, format_history, format_passages
+from caprag.llm.usage import count_tokens, price
+from caprag.prompts import ANALYZE, EXPAND, GENERATE, REWRITE, Prompt
+from caprag.schemas import CallUsage, Document, GeneratedAnswer, SufficiencyDecision
+from caprag.text import entities, references, terms
+
+T = TypeVar("T")
+REFUSAL = "The rulebooks do not say."
+MIN_ANSWER_OVERLAP = 0.5
+SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z(\"'])")
+PRONOUNS = re.compile(r"\b(it|its|it's|this|that|they|them|their|he|she|him|her|one)\b", re.I)
+
+
+class OfflineLLM(LLM):
+    """Deterministic stand-in for an LLM; same inputs always give the same outputs."""
+
+    backend = "offline"
+
+    def __init__(self, price_model: str = "gpt-4o-mini") -> None:
+        self.model = "offline"
+        self.price_model = price_model
+
+    def _result(self, step: str, prompt: Prompt, prompt_text: str, value: T, out: str, t0: float) -> (
+        LLMResult[T]
+    ):
+        prompt_tokens = count_tokens(prompt_text)
+        completion_tokens = count_tokens(out)
+        usage = CallUsage(
+            step=step,
+            model=self.model,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            cost_usd=price(self.price_model, prompt_tokens, completion_tokens),
+            latency_s=time.perf_counter() - t0,
+            counted="tokenizer",
+            prompt_version=prompt.version,
+        )
+        return LLMResult(value=value, usage=usage)
+
+    async def expand(self, question: str, n: int) -> LLMResult[list[str]]:
+        """Sub-questions: one per named rule in the question, then the bare keywords."""
+        t0 = time.perf_counter()
+        subs = [name for name in entities(question) if name.lower() != question.lower()]
+        keywords = " ".join(dict.fromkeys(terms(question)))
+        if keywords and keywords not in subs:
+            subs.append(keywords)
+        subs = subs[:n]
+        text = EXPAND.text(question=question, n=str(n))
+        return self._result("expand", EXPAND, text, subs, "\n".join(subs), t0)
+
+    async def analyze(
+        self, question: str, documents: Sequence[Document], searched: Sequence[str]
+    ) -> LLMResult[SufficiencyDecision]:
+        """Unresolved cross-references and uncovered question terms become new queries."""
+        t0 = time.perf_counter()
+        decision = analyzer.decide(question, documents, searched)
+        text = ANALYZE.text(
+            question=question,
+            searched="\n".join(searched),
+            passages=format_passages(documents),
+            max_queries=str(analyzer.MAX_NEW_QUERIES),
+        )
+        return self._result("analyze", ANALYZE, text, decision, decision.model_dump_json(), t0)
+
+    async def generate(
+        self, question: str, documents: Sequence[Document], history: History = ()
+    ) -> LLMResult[GeneratedAnswer]:
+        """Extract the best sentence, and the best one of a passage it cross-references."""
+        t0 = time.perf_counter()
+        answer = extract_answer(question, documents)
+        text = GENERATE.text(
+            question=question,
+            passages=format_passages(documents),
+            history=format_history(history) + "\n\n" if history else "",
+        )
+        return self._result("generate", GENERATE, text, answer, answer.model_dump_json(), t0)
+
+    async def rewrite(self, question: str, history: History) -> LLMResult[str]:
+        """Replace pronouns (or add the topic) with the most recent named rule of the history."""
+        t0 = time.perf_counter()
+        standalone = rewrite_with_history(question, history)
+        text = REWRITE.text(question=question, history=format_history(history))
+        return self._result("rewrite", REWRITE, text, standalone, standalone, t0)
+
+
+def _sentences(doc: Document) -> list[str]:
+    """Sentences of prose; table rows prefixed with the table's header row."""
+    found: list[str] = []
+    for block in re.split(r"\n\s*\n", doc.text):
+        lines = [line.strip() for line in block.strip().splitlines() if line.strip()]
+        if lines and lines[0].startswith("|"):
+            rows = [row for row in lines if not set(row) <= set("|-: ")]
+            header = rows[0] if rows else ""
+            found += [f"{header} {row}" for row in rows[1:]]
+        elif lines:
+            found += [s for s in SENTENCE.split(" ".join(" ".join(lines).split())) if s]
+    return found
+
+
+def _best_sentence(wanted: set[str], doc: Document) -> tuple[float, str]:
+    best = (0.0, "")
+    head = set(terms(doc.section))
+    for sentence in _sentences(doc):
+        words = set(terms(sentence))
+        score = len(wanted & (words | head)) / max(len(wanted), 1)
+        if re.search(r"\d", sentence):
+            score += 0.05
+        if score > best[0]:
+            best = (score, sentence)
+    return best
+
+
+def extract_answer(question: str, documents: Sequence[Document]) -> GeneratedAnswer:
+    """The best-matching sentence, plus the best sentence of a passage it points to."""
+    wanted = set(terms(question))
+    scored = sorted(
+        ((*_best_sentence(wanted, doc), index) for index, doc in enumerate(documents)),
+        key=lambda item: (-item[0], item[2]),
+    )
+    if not scored or scored[0][0] < MIN_ANSWER_OVERLAP:
+        return GeneratedAnswer(answer=REFUSAL, source_ids=[])
+    score, sentence, index = scored[0]
+    first = documents[index]
+    parts = [f"{sentence} [{first.passage_id}]"]
+    sources = [first.passage_id]
+    for reference in references(first.text):
+        target = next(
+            (
+                d
+                for d in documents
+                if analyzer.is_resolved(reference, [d]) and d.passage_id not in sources
+            ),
+            None,
+        )
+        if target is None:
+            continue
+        _, follow = _best_sentence(wanted | set(terms(sentence)), target)
+        if follow:
+            parts.append(f"{follow} [{target.passage_id}]")
+            sources.append(target.passage_id)
+        if len(sources) >= 3:
+            break
+    return GeneratedAnswer(answer=" ".join(parts), source_ids=sources)
+
+
+def rewrite_with_history(question: str, history: History) -> str:
+    """Deterministic rewrite: resolve a pronoun or an elliptical question to the last named rule."""
+    if not history:
+        return question
+    topic = ""
+    for past_question, _answer in reversed(history):
+        names = [e for e in entities(past_question) if len(e) > 2]
+        if names:
+            topic = names[-1] if len(names) == 1 else names[0]
+            break
+    if not topic or topic.lower() in question.lower() or entities(question):
+        return question
+    if PRONOUNS.search(question):
+        return PRONOUNS.sub(topic, question, count=1)
+    trimmed = question.rstrip(" ?")
+    trimmed = re.sub(r"^(and|also|so|what about)\s+", "", trimmed, flags=re.I)
+    return f"{trimmed} for {topic}?"

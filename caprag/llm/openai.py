@@ -1,0 +1,70 @@
+"""The `openai` backend: any OpenAI-compatible endpoint through langchain-openai."""
+
+from __future__ import annotations
+
+from langchain_openai import ChatOpenAI
+
+from caprag.errors import MissingAPIKeyError
+from caprag.llm.chat import ChatModelLLM
+
+
+def openai_chat(
+    model: str,
+    *,
+    api_key: str | None,
+    base_url: str | None = None,
+    max_output_tokens: int = 512,
+    timeout_s: float = 60.0,
+    max_retries: int = 3,
+    temperature: float = 0.0,
+) -> ChatOpenAI:
+    """A ChatOpenAI whose output cap every server honours and whose client retries with backoff."""
+    if not api_key:
+        raise MissingAPIKeyError(
+            "the openai backend needs an API key: set OPENAI_API_KEY (any value for a local "
+            "server that ignores it)"
+        )
+    return ChatOpenAI(
+        model=model,
+        api_key=api_key,  # type: ignore[arg-type]
+        base_url=base_url,
+        temperature=temperature,
+        timeout=timeout_s,
+        max_retries=max_retries,  # the openai client backs off on 408/409/429/5xx and timeouts
+        extra_body={"max_tokens": max_output_tokens},
+    )
+
+
+def build_openai_llm(
+    model: str = "gpt-4o-mini",
+    *,
+    api_key: str | None,
+    base_url: str | None = None,
+    rewrite_model: str | None = None,
+    structured_method: str = "function_calling",
+    max_output_tokens: int = 512,
+    timeout_s: float = 60.0,
+    max_retries: int = 3,
+    parse_attempts: int = 3,
+) -> ChatModelLLM:
+    """Build the OpenAI-compatible backend; fails at once without a key."""
+
+    def chat(name: str) -> ChatOpenAI:
+        return openai_chat(
+            name,
+            api_key=api_key,
+            base_url=base_url,
+            max_output_tokens=max_output_tokens,
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+        )
+
+    return ChatModelLLM(
+        chat(model),
+        model,
+        rewrite_chat=chat(rewrite_model) if rewrite_model and rewrite_model != model else None,
+        rewrite_model=rewrite_model,
+        structured_method=structured_method,
+        parse_attempts=parse_attempts,
+        backend="openai",
+    )

@@ -1,0 +1,145 @@
+"""Asking questions: build the pipeline from settings, run one turn, report what it cost."""
+
+from __future__ import annotations
+
+import functools
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from langchain_core.messages import HumanMessage
+from pydantic import BaseModel, Field
+
+from caprag.config import Settings, load_settings
+from caprag.errors import EmptyQuestionError
+from caprag.graph import build_graph
+from caprag.llm import LLM, OfflineLLM, build_openai_llm
+from caprag.schemas import CallUsage, HopTrace, Source
+from caprag.state import GraphState
+from caprag.strategies import STRATEGIES, RetrievalStrategy, Retriever
+
+MAX_QUESTION_CHARS = 4000
+
+LLM_BUILDERS: dict[str, Callable[[Settings], LLM]] = {
+    "offline": lambda s: OfflineLLM(price_model=s.price_model),
+    "openai": lambda s: build_openai_llm(
+        s.model,
+        api_key=s.openai_api_key,
+        base_url=s.openai_base_url,
+        rewrite_model=s.rewrite_model,
+        structured_method=s.structured_output,
+    ),
+}
+
+STRATEGY_OPTIONS: dict[str, Callable[[Settings], dict[str, Any]]] = {
+    "multi-hop": lambda s: {"max_hops": s.max_hops},
+}
+
+
+class AskResult(BaseModel):
+    """One answered turn, with everything a caller shows or logs."""
+
+    question: str
+    main_question: str
+    answer: str
+    sources: list[Source]
+    thread_id: str
+    strategy: str
+    hops: list[HopTrace]
+    usage: list[CallUsage] = Field(description="Every LLM call of the turn, in order.")
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+    latency_s: float
+
+    @property
+    def hop_count(self) -> int:
+        """How many retrieval hops the turn took."""
+        return len(self.hops)
+
+
+def validate_question(question: str) -> str:
+    """Reject empty and over-long questions before any work is done."""
+    text = (question or "").strip()
+    if not text:
+        raise EmptyQuestionError("the question is empty")
+    if len(text) > MAX_QUESTION_CHARS:
+        raise EmptyQuestionError(
+            f"the question has {len(text)} characters; the limit is {MAX_QUESTION_CHARS}"
+        )
+    return text
+
+
+def build_llm(settings: Settings) -> LLM:
+    """The LLM backend the settings name."""
+    return LLM_BUILDERS[settings.llm](settings)
+
+
+def build_strategy(name: str, retriever: Retriever, llm: LLM, settings: Settings) -> RetrievalStrategy:
+    """The strategy the name selects, with its dependencies passed in."""
+    options = STRATEGY_OPTIONS.get(name, lambda _s: {})(settings)
+    return STRATEGIES[name](retriever, llm, k=settings.k, **options)
+
+
+class Pipeline:
+    """A compiled graph and the pieces it was built from."""
+
+    def __init__(self, strategy: RetrievalStrategy, llm: LLM, graph: Any | None = None) -> None:
+        self.strategy = strategy
+        self.llm = llm
+        self.graph = graph if graph is not None else build_graph(strategy, llm)
+
+    async def ask(self, question: str, thread_id: str | None = None) -> AskResult:
+        """Answer one turn on a thread (a new thread when none is given)."""
+        text = validate_question(question)
+        thread = thread_id or str(uuid.uuid4())
+        start = time.perf_counter()
+        out = await self.graph.ainvoke(
+            {"question": text, "messages": [HumanMessage(text)]},
+            {"configurable": {"thread_id": thread}},
+        )
+        state = GraphState(**out)
+        usage = [u for u in (state.rewrite_usage,) if u]
+        usage += [u for hop in state.hops for u in hop.usage]
+        usage += [u for u in (state.generate_usage,) if u]
+        assert state.answer is not None
+        return AskResult(
+            question=text,
+            main_question=state.main_question,
+            answer=state.answer.answer,
+            sources=state.answer.sources,
+            thread_id=thread,
+            strategy=self.strategy.name,
+            hops=state.hops,
+            usage=usage,
+            prompt_tokens=sum(u.prompt_tokens for u in usage),
+            completion_tokens=sum(u.completion_tokens for u in usage),
+            cost_usd=sum(u.cost_usd for u in usage),
+            latency_s=time.perf_counter() - start,
+        )
+
+
+def build_pipeline(settings: Settings | None = None, *, ingest: bool = True) -> Pipeline:
+    """Open (and bring up to date) the index, then build LLM, strategy and graph from settings."""
+    from caprag.ingest import ingest_path, open_index
+
+    settings = settings or load_settings()
+    llm = build_llm(settings)
+    if ingest:
+        ingest_path(settings.corpus, settings)
+    index = open_index(settings)
+    strategy = build_strategy(settings.retrieval_strategy, index, llm, settings)
+    return Pipeline(strategy, llm)
+
+
+@functools.cache
+def default_pipeline() -> Pipeline:
+    """The process-wide pipeline built from the environment."""
+    return build_pipeline()
+
+
+async def ask_question(question: str, thread_id: str | None = None) -> AskResult:
+    """Answer a question with the pipeline the environment configures."""
+    validate_question(question)
+    return await default_pipeline().ask(question, thread_id)

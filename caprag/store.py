@@ -1,0 +1,288 @@
+"""Parent/child passage index on Chroma: ingest books incrementally, search children, return parents."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from caprag.books import Book, Passage, iter_citations
+from caprag.embeddings import Embedder
+from caprag.errors import VectorStoreError
+from caprag.schemas import Document
+
+CHILD_CHARS = 420
+SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z(\"'])")
+PAGE_BOOST = 0.25
+
+
+def split_children(passage: Passage) -> list[str]:
+    """Cut a section into child chunks of about CHILD_CHARS, each prefixed with its heading."""
+    pieces: list[str] = []
+    for block in re.split(r"\n\s*\n", passage.text):
+        block = block.strip()
+        if not block:
+            continue
+        if block.startswith("|"):
+            units = block.splitlines()
+            joiner = "\n"
+        else:
+            units = SENTENCE.split(" ".join(block.split()))
+            joiner = " "
+        current = ""
+        for unit in units:
+            if current and len(current) + len(unit) > CHILD_CHARS:
+                pieces.append(current)
+                current = unit
+            else:
+                current = f"{current}{joiner}{unit}" if current else unit
+        if current:
+            pieces.append(current)
+    prefix = f"{passage.section} ({passage.book.short}): "
+    return [prefix + piece for piece in pieces]
+
+
+def passage_to_document(passage: Passage, score: float = 0.0) -> Document:
+    """Build the Document a search returns for a passage."""
+    return Document(
+        passage_id=passage.passage_id,
+        book_id=passage.book.book_id,
+        book_short=passage.book.short,
+        book_title=passage.book.title,
+        section=passage.section,
+        page=passage.page,
+        edition=passage.book.edition,
+        published=passage.book.published.isoformat(),
+        text=passage.text,
+        score=score,
+    )
+
+
+@dataclass
+class IngestReport:
+    """What one ingest did."""
+
+    added: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    passages: int = 0
+    children: int = 0
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        """One line for the terminal."""
+        return (
+            f"ingested {len(self.added)} book(s) ({self.passages} passages, {self.children} chunks), "
+            f"skipped {len(self.skipped)} unchanged, removed {len(self.removed)} "
+            f"in {self.seconds:.2f}s"
+        )
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class PassageIndex:
+    """Children (embedded chunks) in a Chroma collection; parents (whole sections) in JSON files."""
+
+    def __init__(self, path: Path | str, embedder: Embedder) -> None:
+        self.path = Path(path)
+        self.embedder = embedder
+        self._client, self._collection = self._open()
+        self._parents: dict[str, Document] | None = None
+
+    def _open(self) -> tuple[Any, Any]:
+        import chromadb
+        from chromadb.config import Settings
+
+        if self.path.exists() and not self.path.is_dir():
+            raise VectorStoreError(f"vector store path {self.path} is a file, not a folder")
+        try:
+            (self.path / "parents").mkdir(parents=True, exist_ok=True)
+            probe = self.path / ".write-test"
+            probe.write_text("ok")
+            probe.unlink()
+        except OSError as exc:
+            raise VectorStoreError(
+                f"cannot use vector store folder {self.path}: {exc.strerror or exc}"
+                " (set CAPRAG_CHROMA_DIR to a writable folder)"
+            ) from None
+        try:
+            client = chromadb.PersistentClient(
+                path=str(self.path), settings=Settings(anonymized_telemetry=False)
+            )
+            collection = client.get_or_create_collection(
+                f"children-{self.embedder.name}",
+                embedding_function=None,
+                metadata={"hnsw:space": "cosine"},
+            )
+        except Exception as exc:  # chromadb raises many types; report them as one
+            raise VectorStoreError(f"cannot open Chroma store at {self.path}: {exc}") from exc
+        return client, collection
+
+    # ----- manifest and parents -------------------------------------------------------------
+
+    @property
+    def _manifest_path(self) -> Path:
+        return self.path / f"manifest-{self.embedder.name}.json"
+
+    def manifest(self) -> dict[str, Any]:
+        """Books in the index: id → hash, source path, counts, metadata."""
+        if not self._manifest_path.exists():
+            return {}
+        data: dict[str, Any] = json.loads(self._manifest_path.read_text(encoding="utf-8"))
+        return data
+
+    def _parents_file(self, book_id: str) -> Path:
+        return self.path / "parents" / f"{book_id}.json"
+
+    def parents(self) -> dict[str, Document]:
+        """Every indexed passage by id (read once, cached)."""
+        if self._parents is None:
+            loaded: dict[str, Document] = {}
+            for book_id in self.manifest():
+                file = self._parents_file(book_id)
+                if file.exists():
+                    for row in json.loads(file.read_text(encoding="utf-8")):
+                        doc = Document.model_validate(row)
+                        loaded[doc.passage_id] = doc
+            self._parents = loaded
+        return self._parents
+
+    def books(self) -> dict[str, dict[str, Any]]:
+        """Metadata of each indexed book, keyed by book id."""
+        return {book_id: entry["meta"] for book_id, entry in self.manifest().items()}
+
+    def book_by_short(self, short: str) -> str | None:
+        """Book id for a short name used in citations ('Combat' → 'combat')."""
+        wanted = short.strip().lower()
+        for book_id, meta in self.books().items():
+            if wanted in (meta["short"].lower(), book_id.lower(), meta["title"].lower()):
+                return book_id
+        return None
+
+    # ----- ingest ---------------------------------------------------------------------------
+
+    def ingest(
+        self, books: Sequence[Book], *, prune: bool = False, progress: bool = True
+    ) -> IngestReport:
+        """Add new or changed books, skip unchanged ones (by content hash), optionally prune."""
+        start = time.perf_counter()
+        report = IngestReport()
+        manifest = self.manifest()
+        todo = [b for b in books if manifest.get(b.meta.book_id, {}).get("hash") != b.content_hash]
+        report.skipped = [b.meta.book_id for b in books if b not in todo]
+        if prune:
+            wanted = {b.meta.book_id for b in books}
+            for book_id in sorted(set(manifest) - wanted):
+                self._collection.delete(where={"book_id": book_id})
+                self._parents_file(book_id).unlink(missing_ok=True)
+                del manifest[book_id]
+                report.removed.append(book_id)
+            _write_json(self._manifest_path, manifest)
+        total = sum(len(b.passages) for b in todo)
+        bar = tqdm(total=total, unit="passage", desc="ingest", disable=not progress or not total)
+        for book in todo:
+            self._ingest_book(book, manifest, bar, report)
+        bar.close()
+        self._parents = None
+        report.seconds = time.perf_counter() - start
+        return report
+
+    def _ingest_book(
+        self, book: Book, manifest: dict[str, Any], bar: tqdm[Any], report: IngestReport
+    ) -> None:
+        book_id = book.meta.book_id
+        # 1. Forget the book first: a crash before step 4 leaves it marked as not ingested.
+        manifest.pop(book_id, None)
+        _write_json(self._manifest_path, manifest)
+        self._collection.delete(where={"book_id": book_id})
+        # 2. Embed and add the children, a batch of passages at a time.
+        children = 0
+        batch_size = 16
+        for start in range(0, len(book.passages), batch_size):
+            batch = book.passages[start : start + batch_size]
+            ids: list[str] = []
+            texts: list[str] = []
+            metas: list[dict[str, str | int | float | bool]] = []
+            for passage in batch:
+                for number, text in enumerate(split_children(passage)):
+                    ids.append(f"{passage.passage_id}#{number}")
+                    texts.append(text)
+                    metas.append(
+                        {"book_id": book_id, "page": passage.page, "parent_id": passage.passage_id}
+                    )
+            vectors = self.embedder.embed(texts)
+            self._collection.add(
+                ids=ids, embeddings=vectors.tolist(), documents=texts, metadatas=metas
+            )
+            children += len(ids)
+            bar.update(len(batch))
+        # 3. Store the parents.
+        rows = [passage_to_document(p).model_dump() for p in book.passages]
+        _write_json(self._parents_file(book_id), rows)
+        # 4. Record the book as done.
+        meta = book.meta
+        manifest[book_id] = {
+            "hash": book.content_hash,
+            "source": str(book.path),
+            "passages": len(book.passages),
+            "children": children,
+            "meta": {
+                "book_id": book_id,
+                "short": meta.short,
+                "title": meta.title,
+                "edition": meta.edition,
+                "published": meta.published.isoformat(),
+            },
+        }
+        _write_json(self._manifest_path, manifest)
+        report.added.append(book_id)
+        report.passages += len(book.passages)
+        report.children += children
+
+    # ----- search ---------------------------------------------------------------------------
+
+    def search(self, query: str, k: int) -> list[Document]:
+        """Top-k parent passages for a query; a '(Short, p. N)' citation in it narrows the search."""
+        text, book_id, page = self._split_citation(query)
+        if self._collection.count() == 0:
+            return []
+        where = {"book_id": book_id} if book_id else None
+        found = self._collection.query(
+            query_embeddings=[self.embedder.embed_query(text or query)],
+            n_results=max(k * 4, 20),
+            where=where,
+            include=["metadatas", "distances"],
+        )
+        best: dict[str, float] = {}
+        for meta, distance in zip(found["metadatas"][0], found["distances"][0], strict=True):
+            parent = str(meta["parent_id"])
+            score = 1.0 - float(distance)
+            if page is not None and meta.get("page") == page:
+                score += PAGE_BOOST
+            best[parent] = max(best.get(parent, -1.0), score)
+        parents = self.parents()
+        ranked = sorted(best.items(), key=lambda item: (-item[1], item[0]))[:k]
+        return [
+            parents[pid].model_copy(update={"score": round(score, 6)})
+            for pid, score in ranked
+            if pid in parents
+        ]
+
+    def _split_citation(self, query: str) -> tuple[str, str | None, int | None]:
+        for short, page, offset in iter_citations(query):
+            book_id = self.book_by_short(short)
+            if book_id:
+                text = query[:offset].strip(" ,;:-") or query
+                return text, book_id, page
+        return query, None, None

@@ -1,0 +1,90 @@
+"""The strategy contract, and the de-duplicating document pool every strategy merges hops into."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import ClassVar, Protocol
+
+from caprag.llm.base import LLM
+from caprag.schemas import Document, Question, RetrievedRef
+from caprag.state import GraphState
+
+RRF_K = 60
+
+
+class Retriever(Protocol):
+    """Anything that returns the top-k passages for a query (PassageIndex, a test double)."""
+
+    def search(self, query: str, k: int) -> list[Document]:
+        """Top-k passages, best first."""
+        ...
+
+
+class DocumentPool:
+    """Documents gathered across hops, de-duplicated by hash of content + book, fused by RRF."""
+
+    def __init__(self) -> None:
+        self._docs: dict[str, Document] = {}
+        self._fused: dict[str, float] = {}
+        self._first_seen: dict[str, int] = {}
+
+    def add(self, ranked: Sequence[Document]) -> list[RetrievedRef]:
+        """Merge one query's ranked results; report each as new or duplicate."""
+        refs: list[RetrievedRef] = []
+        for rank, doc in enumerate(ranked, start=1):
+            key = doc.content_hash
+            new = key not in self._docs
+            if new:
+                self._docs[key] = doc
+                self._first_seen[key] = len(self._first_seen)
+            elif doc.score > self._docs[key].score:
+                self._docs[key] = doc
+            self._fused[key] = self._fused.get(key, 0.0) + 1.0 / (RRF_K + rank)
+            refs.append(
+                RetrievedRef(
+                    passage_id=doc.passage_id,
+                    book_id=doc.book_id,
+                    page=doc.page,
+                    score=doc.score,
+                    new=new,
+                )
+            )
+        return refs
+
+    def __len__(self) -> int:
+        return len(self._docs)
+
+    def top(self, k: int) -> list[Document]:
+        """The k best documents by fused rank (ties: first found first)."""
+        keys = sorted(self._docs, key=lambda key: (-self._fused[key], self._first_seen[key]))
+        return [self._docs[key] for key in keys[:k]]
+
+
+class RetrievalStrategy(ABC):
+    """How the `retrieve` node gathers passages. Subclasses must implement `execute`."""
+
+    name: ClassVar[str]
+
+    def __init__(self, retriever: Retriever, llm: LLM, k: int = 8) -> None:
+        self.retriever = retriever
+        self.llm = llm
+        self.k = k
+
+    @abstractmethod
+    async def execute(self, state: GraphState) -> GraphState:
+        """Fill `questions`, `context` and `hops` for `state.main_question`."""
+
+    async def search_many(self, queries: Sequence[str]) -> list[Question]:
+        """Run the queries concurrently; one Question per query with its documents."""
+        results = await asyncio.gather(
+            *(asyncio.to_thread(self.retriever.search, query, self.k) for query in queries)
+        )
+        return [Question(text=q, context=docs) for q, docs in zip(queries, results, strict=True)]
+
+
+def elapsed(start: float) -> float:
+    """Seconds since start, rounded for traces."""
+    return round(time.perf_counter() - start, 6)

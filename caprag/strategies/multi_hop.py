@@ -1,0 +1,57 @@
+"""Multi-hop: search, let the analyzer decide what is missing, search again (at most max_hops)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from caprag.llm.base import LLM
+from caprag.schemas import HopTrace, Question
+from caprag.state import GraphState
+from caprag.strategies.base import DocumentPool, RetrievalStrategy, Retriever, elapsed
+
+
+class MultiHopStrategy(RetrievalStrategy):
+    """Follow cross-references between books until the analyzer is satisfied or hops run out."""
+
+    name = "multi-hop"
+
+    def __init__(self, retriever: Retriever, llm: LLM, k: int = 8, max_hops: int = 3) -> None:
+        super().__init__(retriever, llm, k)
+        if max_hops < 1:
+            raise ValueError("max_hops must be at least 1")
+        self.max_hops = max_hops
+
+    async def execute(self, state: GraphState) -> GraphState:
+        """1. Search the question. 2. Analyze the top k. 3. Search the new queries. Repeat."""
+        pool = DocumentPool()
+        questions: list[Question] = []
+        hops: list[HopTrace] = []
+        queries = [state.main_question]
+        searched: list[str] = []
+        for number in range(1, self.max_hops + 1):
+            start = time.perf_counter()
+            found = await self.search_many(queries)
+            searched += queries
+            questions += found
+            refs = [ref for question in found for ref in pool.add(question.context)]
+            hop = HopTrace(
+                hop=number,
+                queries=queries,
+                documents=refs,
+                new_documents=sum(r.new for r in refs),
+                duplicate_documents=sum(not r.new for r in refs),
+            )
+            hops.append(hop)
+            if number == self.max_hops:
+                hop.latency_s = elapsed(start)
+                break
+            analysis = await self.llm.analyze(state.main_question, pool.top(self.k), searched)
+            hop.decision = analysis.value
+            hop.usage.append(analysis.usage)
+            hop.latency_s = elapsed(start)
+            asked = {q.lower() for q in searched}
+            queries = [q for q in analysis.value.new_queries if q.lower() not in asked]
+            if analysis.value.sufficient or not queries:
+                break
+        return dataclasses.replace(state, questions=questions, context=pool.top(self.k), hops=hops)

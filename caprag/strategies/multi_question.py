@@ -1,0 +1,41 @@
+"""Multi-question: the LLM expands the question into sub-questions, all searched in parallel."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from caprag.llm.base import LLM
+from caprag.schemas import HopTrace
+from caprag.state import GraphState
+from caprag.strategies.base import DocumentPool, RetrievalStrategy, Retriever, elapsed
+
+
+class MultiQuestionStrategy(RetrievalStrategy):
+    """One hop, many queries: the original question plus up to `n_subquestions` expansions."""
+
+    name = "multi-question"
+
+    def __init__(self, retriever: Retriever, llm: LLM, k: int = 8, n_subquestions: int = 3) -> None:
+        super().__init__(retriever, llm, k)
+        self.n_subquestions = n_subquestions
+
+    async def execute(self, state: GraphState) -> GraphState:
+        """1. Expand. 2. Search original + sub-questions concurrently. 3. Fuse and cut to k."""
+        start = time.perf_counter()
+        expansion = await self.llm.expand(state.main_question, self.n_subquestions)
+        queries = [state.main_question]
+        queries += [q for q in expansion.value if q.strip().lower() != state.main_question.lower()]
+        questions = await self.search_many(queries)
+        pool = DocumentPool()
+        refs = [ref for question in questions for ref in pool.add(question.context)]
+        hop = HopTrace(
+            hop=1,
+            queries=queries,
+            documents=refs,
+            new_documents=sum(r.new for r in refs),
+            duplicate_documents=sum(not r.new for r in refs),
+            usage=[expansion.usage],
+            latency_s=elapsed(start),
+        )
+        return dataclasses.replace(state, questions=questions, context=pool.top(self.k), hops=[hop])

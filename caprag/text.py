@@ -1,0 +1,91 @@
+"""Small text tools shared by the offline backend and the metrics: terms, entities, references."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from caprag.books import iter_citations
+
+STOPWORDS = frozenset(
+    """a about above after again against all am an and any are as at be because been before being
+    below between both but by can could did do does doing down during each few for from further had
+    has have having he her here hers him his how i if in into is it its itself just me more most my
+    no nor not now of off on once only or other our out over own same she should so some such than
+    that the their them then there these they this those through to too under until up very was we
+    were what when where which while who whom why will with would you your yours rule rules book
+    books get gets give gives use used using much many does work works happen happens also may
+    one two character characters player players page p tell say""".split()
+)
+WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+CONNECTORS = {"of", "by", "a", "an", "the", "and", "in", "to", "on"}
+
+
+def stem(word: str) -> str:
+    """A light stemmer: enough to match 'strikes'/'strike', 'costs'/'cost'."""
+    for suffix in ("ies", "es", "s"):
+        if len(word) > 4 and word.endswith(suffix) and not word.endswith("ss"):
+            return word[: -len(suffix)] + ("y" if suffix == "ies" else "")
+    return word
+
+
+def terms(text: str) -> list[str]:
+    """Content terms of a text, lower-cased, stop words removed, lightly stemmed, in order."""
+    return [stem(w) for w in WORD.findall(text.lower()) if w not in STOPWORDS and len(w) > 1]
+
+
+def entities(text: str) -> list[str]:
+    """Capitalised phrases that look like rule names ('Trained by a Veteran', 'Rapid Strike')."""
+    tokens = re.findall(r"[A-Za-z][A-Za-z'-]*|\d+", text)
+    found: list[str] = []
+    current: list[str] = []
+    for index, token in enumerate(tokens):
+        capital = token[0].isupper()
+        if capital and not (index == 0 and token.lower() in STOPWORDS):
+            current.append(token)
+        elif current and token.lower() in CONNECTORS and index + 1 < len(tokens) and (
+            tokens[index + 1][0].isupper()
+        ):
+            current.append(token)
+        else:
+            if current:
+                found.append(" ".join(current))
+            current = []
+    if current:
+        found.append(" ".join(current))
+    seen: list[str] = []
+    for phrase in found:
+        if phrase.lower() not in STOPWORDS and phrase not in seen:
+            seen.append(phrase)
+    return seen
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A cross-reference found in a passage: 'Rapid Strike (Combat, p. 41)' or 'see Combat, p. 41'."""
+
+    name: str
+    short: str
+    page: int
+
+    def query(self) -> str:
+        """A targeted search that keeps the citation so the retriever can narrow to the book."""
+        return f"{self.name} ({self.short}, p. {self.page})" if self.name else (
+            f"see {self.short}, p. {self.page}"
+        )
+
+
+def references(text: str) -> list[Reference]:
+    """Every cross-reference in a text, with the rule name written before the citation if any."""
+    found: list[Reference] = []
+    for short, page, offset in iter_citations(text):
+        before = text[max(0, offset - 80) : offset]
+        name = ""
+        if text[offset] == "(":
+            names = entities(before.split(".")[-1].split(";")[-1])
+            if names and before.rstrip().endswith(names[-1]):
+                name = names[-1]
+        reference = Reference(name=name, short=short, page=page)
+        if reference not in found:
+            found.append(reference)
+    return found
