@@ -16,8 +16,10 @@ def render(result: AskResult) -> str:
     if result.main_question != result.question:
         lines.insert(0, f"(searched as: {result.main_question})")
     lines.append("Sources:")
-    lines += [f"  - {s.book_title or s.book_id}, p. {s.page} — {s.section} [{s.passage_id}]"
-              for s in result.sources] or ["  (none)"]
+    lines += [
+        f"  - {s.book_title or s.book_id}, p. {s.page} — {s.section} [{s.passage_id}]"
+        for s in result.sources
+    ] or ["  (none)"]
     lines.append(
         f"Strategy {result.strategy}: {result.hop_count} hop(s), "
         f"{result.prompt_tokens + result.completion_tokens} tokens "
@@ -27,8 +29,10 @@ def render(result: AskResult) -> str:
     for hop in result.hops:
         decision = ""
         if hop.decision is not None:
-            decision = " → sufficient" if hop.decision.sufficient else (
-                " → next: " + "; ".join(hop.decision.new_queries)
+            decision = (
+                " → sufficient"
+                if hop.decision.sufficient
+                else (" → next: " + "; ".join(hop.decision.new_queries))
             )
         lines.append(
             f"  hop {hop.hop}: {len(hop.queries)} query(ies), {hop.new_documents} new, "

@@ -13,6 +13,8 @@ from caprag.text import Reference, references, terms
 
 MAX_NEW_QUERIES = 4
 FOLLOW_FROM_TOP = 4
+MIN_UNCOVERED_SHARE = 0.3
+MIN_UNCOVERED_TERMS = 2
 
 
 def is_resolved(reference: Reference, documents: Sequence[Document]) -> bool:
@@ -76,7 +78,8 @@ def decide(
             "unresolved references: " + ", ".join(r.query() for r in refs[:MAX_NEW_QUERIES])
         )
     missing = uncovered_terms(question, documents)
-    if missing:
+    share = len(missing) / max(len(set(terms(question))), 1)
+    if len(missing) >= MIN_UNCOVERED_TERMS and share >= MIN_UNCOVERED_SHARE:
         reasons.append("question terms not covered: " + ", ".join(missing))
         query = " ".join(missing)
         if query.lower() not in asked and query not in queries:
@@ -86,7 +89,8 @@ def decide(
         return SufficiencyDecision(
             sufficient=True,
             new_queries=[],
-            reasoning="; ".join(reasons) + ("; " if reasons else "")
+            reasoning="; ".join(reasons)
+            + ("; " if reasons else "")
             + "nothing left to search: every reference is resolved or already searched",
         )
     return SufficiencyDecision(sufficient=False, new_queries=queries, reasoning="; ".join(reasons))

@@ -70,22 +70,28 @@ def _parse_front_matter(path: Path, lines: list[str]) -> tuple[BookMeta, int]:
             continue
         key, sep, value = line.partition(":")
         if not sep:
-            raise BookFormatError(path, number, f"expected 'key: value' in front matter, got {line!r}")
+            raise BookFormatError(
+                path, number, f"expected 'key: value' in front matter, got {line!r}"
+            )
         values[key.strip()] = (value.strip().strip('"').strip("'"), number)
     else:
         raise BookFormatError(path, len(lines), "front matter is not closed with '---'")
     missing = [key for key in REQUIRED_META if key not in values]
     if missing:
         raise BookFormatError(
-            path, end, f"front matter lacks required key(s) {', '.join(missing)}"
-            f" (required: {', '.join(REQUIRED_META)})"
+            path,
+            end,
+            f"front matter lacks required key(s) {', '.join(missing)}"
+            f" (required: {', '.join(REQUIRED_META)})",
         )
     book_id, line_no = values["book_id"]
     if not BOOK_ID.match(book_id):
         raise BookFormatError(path, line_no, f"book_id {book_id!r} must match {BOOK_ID.pattern}")
     edition_text, line_no = values["edition"]
     if not edition_text.isdigit():
-        raise BookFormatError(path, line_no, f"edition must be a whole number, got {edition_text!r}")
+        raise BookFormatError(
+            path, line_no, f"edition must be a whole number, got {edition_text!r}"
+        )
     published_text, line_no = values["published"]
     try:
         published = dt.date.fromisoformat(published_text)
@@ -143,7 +149,9 @@ def parse_book(path: Path | str) -> Book:
             new_page = int(marker.group(1))
             if page is not None and new_page <= page:
                 raise BookFormatError(
-                    path, number, f"page {new_page} does not follow page {page} (pages must increase)"
+                    path,
+                    number,
+                    f"page {new_page} does not follow page {page} (pages must increase)",
                 )
             page = new_page
             continue
@@ -151,7 +159,9 @@ def parse_book(path: Path | str) -> Book:
             raise BookFormatError(path, number, "headings deeper than '##' are not allowed")
         if raw.startswith("# ") or raw.startswith("## "):
             if page is None:
-                raise BookFormatError(path, number, "heading before the first '<!-- page N -->' marker")
+                raise BookFormatError(
+                    path, number, "heading before the first '<!-- page N -->' marker"
+                )
             close()
             body = []
             current = None
@@ -198,13 +208,18 @@ def load_books(path: Path | str) -> list[Book]:
     for book in books:
         if book.meta.book_id in owners:
             raise BookFormatError(
-                book.path, 2, f"book_id {book.meta.book_id!r} is also used by {owners[book.meta.book_id]}"
+                book.path,
+                2,
+                f"book_id {book.meta.book_id!r} is also used by {owners[book.meta.book_id]}",
             )
         owners[book.meta.book_id] = book.path
     return books
 
 
-CITATION = re.compile(r"\(\s*(?:see\s+)?([A-Z][\w' -]{1,40}?),\s*p\.\s*(\d+)\s*\)|[Ss]ee\s+([A-Z][\w' -]{1,40}?),\s*p\.\s*(\d+)")
+CITATION = re.compile(
+    r"\(\s*(?:see\s+)?([A-Z][\w' -]{1,40}?),\s*p\.\s*(\d+)\s*\)"
+    r"|[Ss]ee\s+([A-Z][\w' -]{1,40}?),\s*p\.\s*(\d+)"
+)
 
 
 def iter_citations(text: str) -> Iterable[tuple[str, int, int]]:

@@ -55,7 +55,9 @@ class Settings(BaseSettings):
         "minilm", validation_alias=AliasChoices("CAPRAG_EMBEDDING", "embedding")
     )
     k: int = Field(8, ge=1, le=100, validation_alias=AliasChoices("CAPRAG_K", "k"))
-    max_hops: int = Field(3, ge=1, le=10, validation_alias=AliasChoices("CAPRAG_MAX_HOPS", "max_hops"))
+    max_hops: int = Field(
+        3, ge=1, le=10, validation_alias=AliasChoices("CAPRAG_MAX_HOPS", "max_hops")
+    )
 
     @model_validator(mode="after")
     def _key_for_openai(self) -> Settings:

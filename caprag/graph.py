@@ -18,8 +18,10 @@ from caprag.strategies.base import RetrievalStrategy
 HISTORY_PAIRS = 20
 
 
-def history_pairs(messages: Sequence[AnyMessage], window: int = HISTORY_PAIRS) -> list[tuple[str, str]]:
-    """Completed question/answer pairs, the last `window` of them (the current question excluded)."""
+def history_pairs(
+    messages: Sequence[AnyMessage], window: int = HISTORY_PAIRS
+) -> list[tuple[str, str]]:
+    """The last `window` completed question/answer pairs (the pending question excluded)."""
     pairs: list[tuple[str, str]] = []
     pending: str | None = None
     for message in messages:

@@ -1,4 +1,4 @@
-"""`python -m caprag.ingest PATH`: parse the books under PATH and index them (unchanged ones skipped)."""
+"""`python -m caprag.ingest PATH`: parse the books under PATH and index the new or changed ones."""
 
 from __future__ import annotations
 

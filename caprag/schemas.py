@@ -58,7 +58,9 @@ class Questions(BaseModel):
 class SufficiencyDecision(BaseModel):
     """Whether the gathered passages answer the question, and what to search next if not."""
 
-    sufficient: bool = Field(description="True when the passages answer every part of the question.")
+    sufficient: bool = Field(
+        description="True when the passages answer every part of the question."
+    )
     new_queries: list[str] = Field(
         default_factory=list,
         max_length=MAX_QUERIES,
@@ -102,7 +104,9 @@ class AnswerWithSources(BaseModel):
 class CallUsage(BaseModel):
     """Tokens, cost and time of one LLM call."""
 
-    step: str = Field(description="Which pipeline step made the call (expand, analyze, generate...).")
+    step: str = Field(
+        description="Which pipeline step made the call (expand, analyze, generate...)."
+    )
     model: str
     prompt_tokens: int = 0
     completion_tokens: int = 0

@@ -76,7 +76,9 @@ def build_llm(settings: Settings) -> LLM:
     return LLM_BUILDERS[settings.llm](settings)
 
 
-def build_strategy(name: str, retriever: Retriever, llm: LLM, settings: Settings) -> RetrievalStrategy:
+def build_strategy(
+    name: str, retriever: Retriever, llm: LLM, settings: Settings
+) -> RetrievalStrategy:
     """The strategy the name selects, with its dependencies passed in."""
     options = STRATEGY_OPTIONS.get(name, lambda _s: {})(settings)
     return STRATEGIES[name](retriever, llm, k=settings.k, **options)

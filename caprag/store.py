@@ -1,4 +1,4 @@
-"""Parent/child passage index on Chroma: ingest books incrementally, search children, return parents."""
+"""Parent/child passage index on Chroma: incremental ingest, search children, return parents."""
 
 from __future__ import annotations
 
@@ -79,7 +79,8 @@ class IngestReport:
     def summary(self) -> str:
         """One line for the terminal."""
         return (
-            f"ingested {len(self.added)} book(s) ({self.passages} passages, {self.children} chunks), "
+            f"ingested {len(self.added)} book(s) "
+            f"({self.passages} passages, {self.children} chunks), "
             f"skipped {len(self.skipped)} unchanged, removed {len(self.removed)} "
             f"in {self.seconds:.2f}s"
         )
@@ -253,7 +254,7 @@ class PassageIndex:
     # ----- search ---------------------------------------------------------------------------
 
     def search(self, query: str, k: int) -> list[Document]:
-        """Top-k parent passages for a query; a '(Short, p. N)' citation in it narrows the search."""
+        """Top-k parent passages; a '(Short, p. N)' citation in the query narrows the search."""
         text, book_id, page = self._split_citation(query)
         if self._collection.count() == 0:
             return []

@@ -15,7 +15,7 @@ STOPWORDS = frozenset(
     that the their them then there these they this those through to too under until up very was we
     were what when where which while who whom why will with would you your yours rule rules book
     books get gets give gives use used using much many does work works happen happens also may
-    one two character characters player players page p tell say""".split()
+    one two character characters player players page p tell say long far often""".split()
 )
 WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 CONNECTORS = {"of", "by", "a", "an", "the", "and", "in", "to", "on"}
@@ -43,14 +43,17 @@ def entities(text: str) -> list[str]:
         capital = token[0].isupper()
         if capital and not (index == 0 and token.lower() in STOPWORDS):
             current.append(token)
-        elif current and token.lower() in CONNECTORS and index + 1 < len(tokens) and (
-            tokens[index + 1][0].isupper()
-        ):
-            current.append(token)
-        else:
-            if current:
-                found.append(" ".join(current))
-            current = []
+            continue
+        if current and token.lower() in CONNECTORS:
+            after = index
+            while after < len(tokens) and tokens[after].lower() in CONNECTORS:
+                after += 1
+            if after < len(tokens) and tokens[after][0].isupper():
+                current.append(token)
+                continue
+        if current:
+            found.append(" ".join(current))
+        current = []
     if current:
         found.append(" ".join(current))
     seen: list[str] = []
@@ -62,7 +65,7 @@ def entities(text: str) -> list[str]:
 
 @dataclass(frozen=True)
 class Reference:
-    """A cross-reference found in a passage: 'Rapid Strike (Combat, p. 41)' or 'see Combat, p. 41'."""
+    """A cross-reference: 'Rapid Strike (Combat, p. 41)' or 'see Combat, p. 41'."""
 
     name: str
     short: str
@@ -70,8 +73,10 @@ class Reference:
 
     def query(self) -> str:
         """A targeted search that keeps the citation so the retriever can narrow to the book."""
-        return f"{self.name} ({self.short}, p. {self.page})" if self.name else (
-            f"see {self.short}, p. {self.page}"
+        return (
+            f"{self.name} ({self.short}, p. {self.page})"
+            if self.name
+            else (f"see {self.short}, p. {self.page}")
         )
 
 

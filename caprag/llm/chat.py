@@ -1,4 +1,4 @@
-"""An LLM backend over any LangChain chat model: ChatOpenAI for real runs, scripted fakes in tests."""
+"""An LLM backend over any LangChain chat model: ChatOpenAI for real runs, fakes in tests."""
 
 from __future__ import annotations
 
@@ -47,7 +47,13 @@ class ChatModelLLM(LLM):
         self.backend = backend
 
     def _usage(
-        self, step: str, prompt: Prompt, model: str, messages: list[BaseMessage], raw: Any, t0: float
+        self,
+        step: str,
+        prompt: Prompt,
+        model: str,
+        messages: list[BaseMessage],
+        raw: Any,
+        t0: float,
     ) -> CallUsage:
         reported = getattr(raw, "usage_metadata", None) if isinstance(raw, AIMessage) else None
         if reported:
@@ -74,7 +80,9 @@ class ChatModelLLM(LLM):
     ) -> LLMResult[M]:
         messages = prompt.render(**values)
         runnable = self.chat.with_structured_output(
-            schema, method=self.structured_method, include_raw=True  # type: ignore[arg-type]
+            schema,
+            method=self.structured_method,
+            include_raw=True,
         )
         detail = ""
         spent: list[CallUsage] = []

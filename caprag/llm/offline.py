@@ -36,9 +36,9 @@ class OfflineLLM(LLM):
         self.model = "offline"
         self.price_model = price_model
 
-    def _result(self, step: str, prompt: Prompt, prompt_text: str, value: T, out: str, t0: float) -> (
-        LLMResult[T]
-    ):
+    def _result(
+        self, step: str, prompt: Prompt, prompt_text: str, value: T, out: str, t0: float
+    ) -> LLMResult[T]:
         prompt_tokens = count_tokens(prompt_text)
         completion_tokens = count_tokens(out)
         usage = CallUsage(
@@ -135,7 +135,7 @@ def extract_answer(question: str, documents: Sequence[Document]) -> GeneratedAns
     )
     if not scored or scored[0][0] < MIN_ANSWER_OVERLAP:
         return GeneratedAnswer(answer=REFUSAL, source_ids=[])
-    score, sentence, index = scored[0]
+    _, sentence, index = scored[0]
     first = documents[index]
     parts = [f"{sentence} [{first.passage_id}]"]
     sources = [first.passage_id]

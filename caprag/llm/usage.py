@@ -1,4 +1,4 @@
-"""Token counting and pricing: reported usage when the endpoint gives it, a tokenizer count otherwise."""
+"""Token counting and pricing: reported usage when given, a tokenizer count otherwise."""
 
 from __future__ import annotations
 

@@ -1,0 +1,149 @@
+"""Question sets: the JSONL schema, a loader that reports file:line, and corpus validation."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from caprag.config import PROJECT_ROOT
+
+QUESTIONS_DIR = PROJECT_ROOT / "datasets" / "questions"
+SETS = ("single_book", "cross_book", "follow_up", "unanswerable")
+QueryType = Literal["factual", "operational", "decision", "strategic"]
+
+
+class DatasetError(Exception):
+    """A question file is malformed or does not match the corpus; names file and line."""
+
+    def __init__(self, path: Path | str, line: int, message: str) -> None:
+        self.path = Path(path)
+        self.line = line
+        self.message = message
+        super().__init__(f"{self.path}:{line}: {message}")
+
+
+class GoldQuestion(BaseModel):
+    """One question with its gold answer and gold passages (in hop order)."""
+
+    id: str = Field(min_length=1)
+    question: str = Field(min_length=1)
+    answer: str
+    reference: str = ""
+    gold_passages: list[str]
+    hops: int = Field(ge=0, le=5)
+    books: list[str]
+    query_type: QueryType
+    standalone: str | None = None
+    set: str = ""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GoldQuestion:
+        if self.hops != len(self.gold_passages):
+            raise ValueError(
+                f"hops is {self.hops} but there are {len(self.gold_passages)} gold passages"
+            )
+        books = list(dict.fromkeys(p.split("/")[0] for p in self.gold_passages))
+        if sorted(books) != sorted(self.books):
+            raise ValueError(f"books {self.books} do not match the gold passages' books {books}")
+        return self
+
+    @property
+    def answerable(self) -> bool:
+        """Unanswerable questions have no gold passage."""
+        return bool(self.gold_passages)
+
+    @property
+    def search_text(self) -> str:
+        """What retrieval should search with: the standalone form when there is one."""
+        return self.standalone or self.question
+
+
+class Conversation(BaseModel):
+    """A follow_up item: turns asked one after another on one thread."""
+
+    id: str = Field(min_length=1)
+    turns: list[GoldQuestion] = Field(min_length=2, max_length=8)
+
+
+def read_jsonl(path: Path) -> Iterable[tuple[int, dict[str, object]]]:
+    """(line number, object) for each non-blank line; DatasetError on broken JSON."""
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DatasetError(path, number, f"not valid JSON ({exc.msg}, column {exc.colno})")
+            if not isinstance(value, dict):
+                raise DatasetError(path, number, "expected a JSON object")
+            yield number, value
+
+
+def _explain(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors():
+        where = ".".join(str(x) for x in error["loc"])
+        parts.append(f"{where}: {error['msg']}" if where else error["msg"])
+    return "; ".join(parts)
+
+
+def load_questions(path: Path | str, set_name: str = "") -> list[GoldQuestion]:
+    """Load a set of single questions (every set but follow_up)."""
+    path = Path(path)
+    rows: list[GoldQuestion] = []
+    for number, value in read_jsonl(path):
+        try:
+            rows.append(GoldQuestion.model_validate({"set": set_name, **value}))
+        except ValidationError as exc:
+            raise DatasetError(path, number, _explain(exc)) from None
+    return rows
+
+
+def load_conversations(path: Path | str) -> list[Conversation]:
+    """Load the follow_up set."""
+    path = Path(path)
+    rows: list[Conversation] = []
+    for number, value in read_jsonl(path):
+        try:
+            turns = [{"set": "follow_up", **t} for t in value.get("turns", [])]  # type: ignore[attr-defined]
+            rows.append(Conversation.model_validate({**value, "turns": turns}))
+        except (ValidationError, AttributeError, TypeError) as exc:
+            detail = _explain(exc) if isinstance(exc, ValidationError) else str(exc)
+            raise DatasetError(path, number, detail) from None
+    return rows
+
+
+def set_path(name: str, root: Path = QUESTIONS_DIR) -> Path:
+    """Where a named set lives."""
+    return root / f"{name}.jsonl"
+
+
+def content_hash(paths: Sequence[Path]) -> str:
+    """sha256 over the files' bytes, for run metadata."""
+    digest = hashlib.sha256()
+    for path in sorted(paths):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def check_against_corpus(
+    path: Path, items: Sequence[GoldQuestion | Conversation], passage_ids: set[str]
+) -> list[str]:
+    """Problems (file:line: message) where a gold passage is unknown or an id/question repeats."""
+    problems: list[str] = []
+    lines = {n: v for n, v in read_jsonl(path)}
+    numbers = list(lines)
+    for number, item in zip(numbers, items, strict=True):
+        turns = item.turns if isinstance(item, Conversation) else [item]
+        for turn in turns:
+            for pid in turn.gold_passages:
+                if pid not in passage_ids:
+                    problems.append(f"{path}:{number}: gold passage {pid!r} is not in the corpus")
+    return problems

@@ -1,0 +1,53 @@
+"""Shared fixtures: the tiny fixture corpus indexed once per session, settings isolated per test."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import caprag  # noqa: F401  (sets the telemetry opt-outs)
+from caprag.books import load_books
+from caprag.embeddings import get_embedder
+from caprag.store import PassageIndex
+
+FIXTURE_BOOKS = Path(__file__).parent / "fixtures" / "books"
+ENV_KEYS = [
+    "RETRIEVAL_STRATEGY",
+    "CAPRAG_LLM",
+    "OPENAI_API_KEY",
+    "OPENAI_BASE_URL",
+    "CAPRAG_MODEL",
+    "CAPRAG_CORPUS",
+    "CAPRAG_CHROMA_DIR",
+    "CAPRAG_EMBEDDING",
+    "CAPRAG_K",
+    "CAPRAG_MAX_HOPS",
+]
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test sees the developer's own settings."""
+    for key in ENV_KEYS:
+        monkeypatch.delenv(key, raising=False)
+
+
+@pytest.fixture(scope="session")
+def fixture_index(tmp_path_factory: pytest.TempPathFactory) -> PassageIndex:
+    """The three tiny fixture books, indexed with the bundled MiniLM model."""
+    index = PassageIndex(tmp_path_factory.mktemp("chroma"), get_embedder("minilm"))
+    index.ingest(load_books(FIXTURE_BOOKS), progress=False)
+    return index
+
+
+@pytest.fixture
+def fixture_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Point the settings at the fixture corpus and a fresh store."""
+    monkeypatch.setenv("CAPRAG_CORPUS", str(FIXTURE_BOOKS))
+    monkeypatch.setenv("CAPRAG_CHROMA_DIR", str(tmp_path / "chroma"))
+    return tmp_path
+
+
+assert "ANONYMIZED_TELEMETRY" in os.environ

@@ -1,0 +1,172 @@
+"""Test doubles: a scripted chat model and a local OpenAI-protocol server (the client path)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+from pydantic import BaseModel, PrivateAttr
+
+
+class ScriptedChatModel(BaseChatModel):
+    """Replies in order, or by the first key found in the prompt. A dict/model reply becomes a
+    tool call named after the bound schema, so `with_structured_output` parses it for real."""
+
+    replies: list[Any] = []
+    by_substring: dict[str, Any] = {}
+    repeat_last: bool = False
+    _calls: list[list[BaseMessage]] = PrivateAttr(default_factory=list)
+    _tool_name: str | None = PrivateAttr(default=None)
+
+    @property
+    def _llm_type(self) -> str:
+        return "scripted"
+
+    @property
+    def calls(self) -> list[list[BaseMessage]]:
+        """Every prompt the model received."""
+        return self._calls
+
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> ScriptedChatModel:  # type: ignore[override]
+        tool = tools[0]
+        self._tool_name = tool.__name__ if isinstance(tool, type) else tool["function"]["name"]
+        return self
+
+    def _pick(self, prompt: str) -> Any:
+        for key, reply in self.by_substring.items():
+            if key in prompt:
+                return reply
+        index = len(self._calls) - 1
+        if index < len(self.replies):
+            return self.replies[index]
+        if self.repeat_last and self.replies:
+            return self.replies[-1]
+        raise AssertionError(f"ScriptedChatModel has no reply for call {index + 1}: {prompt[:200]}")
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        self._calls.append(messages)
+        reply = self._pick("\n".join(str(m.content) for m in messages))
+        if isinstance(reply, Exception):
+            raise reply
+        if isinstance(reply, BaseModel):
+            reply = reply.model_dump()
+        if isinstance(reply, dict):
+            message = AIMessage(
+                content="",
+                tool_calls=[
+                    {
+                        "name": self._tool_name or "tool",
+                        "args": reply,
+                        "id": f"call_{len(self._calls)}",
+                    }
+                ],
+            )
+        else:
+            message = AIMessage(content=str(reply))
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+
+class OpenAIStub:
+    """A chat-completions server on 127.0.0.1 with scripted replies; records every request body.
+
+    A reply is {"args": {...}} (a tool call to the requested function), {"content": "text"},
+    {"status": 500} (an HTTP error) or {"malformed": "text"} (tool-call arguments that are not
+    JSON).
+    """
+
+    def __init__(
+        self, replies: Sequence[dict[str, Any]] = (), default: dict[str, Any] | None = None
+    ):
+        self.replies = list(replies)
+        self.default = default
+        self.requests: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length", 0))
+                body = json.loads(self.rfile.read(length) or b"{}")
+                with stub._lock:
+                    stub.requests.append(body)
+                    reply = stub.replies.pop(0) if stub.replies else stub.default
+                status, payload = stub._answer(body, reply)
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        """The /v1 URL to give the OpenAI client."""
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def _answer(
+        self, body: dict[str, Any], reply: dict[str, Any] | None
+    ) -> tuple[int, dict[str, Any]]:
+        if reply is None:
+            return 500, {"error": {"message": "stub has no scripted reply", "type": "server_error"}}
+        if "status" in reply:
+            return int(reply["status"]), {
+                "error": {"message": "scripted failure", "type": "server_error"}
+            }
+        message: dict[str, Any] = {"role": "assistant", "content": None}
+        if "content" in reply:
+            message["content"] = reply["content"]
+        else:
+            name = body.get("tools", [{}])[0].get("function", {}).get("name", "tool")
+            arguments = reply["malformed"] if "malformed" in reply else json.dumps(reply["args"])
+            message["tool_calls"] = [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": name, "arguments": arguments},
+                }
+            ]
+        usage = reply.get("usage", {"prompt_tokens": 42, "completion_tokens": 7})
+        usage = {**usage, "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]}
+        return 200, {
+            "id": "chatcmpl-stub",
+            "object": "chat.completion",
+            "created": 0,
+            "model": body.get("model", "stub"),
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            "usage": usage,
+        }
+
+    def __enter__(self) -> OpenAIStub:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def serve(
+    replies: Sequence[dict[str, Any]] = (), default: dict[str, Any] | None = None
+) -> Iterator[OpenAIStub]:
+    """Run an OpenAIStub for the duration of a fixture."""
+    with OpenAIStub(replies, default) as stub:
+        yield stub

@@ -1,0 +1,131 @@
+"""The openai backend through real HTTP against a local OpenAI-protocol stub on 127.0.0.1."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from caprag.config import load_settings
+from caprag.errors import MissingAPIKeyError, StructuredOutputError
+from caprag.llm import build_openai_llm
+from caprag.schemas import Document
+from caprag.services import Pipeline, build_pipeline
+from caprag.store import PassageIndex
+from caprag.strategies import MultiHopStrategy
+from tests.fakes import OpenAIStub
+
+DOC = Document(
+    passage_id="fighting/flurry",
+    book_id="fighting",
+    book_short="Fighting",
+    section="Flurry",
+    page=4,
+    text="Second attack at -4, modified by Old Soldier (Gifts, p. 7).",
+)
+
+
+def llm_for(stub: OpenAIStub, **kwargs: object):  # type: ignore[no-untyped-def]
+    return build_openai_llm(
+        "gpt-4o-mini",
+        api_key="test-key",
+        base_url=stub.base_url,
+        max_retries=kwargs.pop("max_retries", 0),
+        **kwargs,
+    )  # type: ignore[arg-type]
+
+
+async def test_structured_decision_is_parsed_and_usage_recorded() -> None:
+    args = {"sufficient": False, "new_queries": ["Old Soldier (Gifts, p. 7)"], "reasoning": "ref"}
+    with OpenAIStub(
+        [{"args": args, "usage": {"prompt_tokens": 120, "completion_tokens": 30}}]
+    ) as stub:
+        result = await llm_for(stub).analyze("Flurry penalty?", [DOC], ["Flurry penalty?"])
+    assert result.value.new_queries == ["Old Soldier (Gifts, p. 7)"]
+    assert not result.value.sufficient
+    assert (result.usage.prompt_tokens, result.usage.completion_tokens) == (120, 30)
+    assert result.usage.counted == "reported"
+    assert result.usage.cost_usd == pytest.approx((120 * 0.15 + 30 * 0.60) / 1e6)
+    assert result.usage.prompt_version == "analyze-v1"
+    request = stub.requests[0]
+    assert request["tools"][0]["function"]["name"] == "SufficiencyDecision"
+    assert request["max_tokens"] == 512  # the output cap every server honours
+    assert "Old Soldier (Gifts, p. 7)" in request["messages"][1]["content"]
+
+
+async def test_malformed_reply_raises_named_error_after_retries() -> None:
+    with OpenAIStub(default={"malformed": "{not json"}) as stub:
+        llm = llm_for(stub, parse_attempts=3)
+        with pytest.raises(StructuredOutputError, match="SufficiencyDecision after 3 attempt"):
+            await llm.analyze("q", [DOC], [])
+    assert len(stub.requests) == 3
+
+
+async def test_reply_breaking_the_schema_is_a_named_error() -> None:
+    bad = {"args": {"sufficient": "maybe", "new_queries": "x"}}
+    with OpenAIStub(default=bad) as stub, pytest.raises(StructuredOutputError):
+        await llm_for(stub, parse_attempts=2).analyze("q", [DOC], [])
+    assert len(stub.requests) == 2
+
+
+async def test_server_errors_are_retried_with_backoff() -> None:
+    ok = {"args": {"questions": ["Old Soldier"]}}
+    with OpenAIStub([{"status": 500}, {"status": 429}, ok]) as stub:
+        result = await llm_for(stub, max_retries=3).expand("Flurry and veterans?", 3)
+    assert result.value == ["Old Soldier"]
+    assert len(stub.requests) == 3
+
+
+async def test_plain_text_rewrite_and_generate_over_http() -> None:
+    replies = [
+        {"content": "What does the Old Soldier gift cost?"},
+        {"args": {"answer": "6 gift points.", "source_ids": ["fighting/flurry", "made/up"]}},
+    ]
+    with OpenAIStub(replies) as stub:
+        llm = llm_for(stub)
+        rewritten = await llm.rewrite("what does it cost?", [("Tell me about Old Soldier", "...")])
+        answer = await llm.generate("q", [DOC])
+    assert rewritten.value == "What does the Old Soldier gift cost?"
+    assert answer.value.source_ids == ["fighting/flurry"]  # ids not in the context are dropped
+
+
+async def test_whole_pipeline_over_the_stub(fixture_index: PassageIndex) -> None:
+    replies = [
+        {"args": {"sufficient": False, "new_queries": ["Old Soldier (Gifts, p. 7)"]}},
+        {"args": {"sufficient": True, "new_queries": []}},
+        {"args": {"answer": "-4, halved by Old Soldier.", "source_ids": ["fighting/flurry"]}},
+    ]
+    with OpenAIStub(replies) as stub:
+        llm = llm_for(stub)
+        result = await Pipeline(MultiHopStrategy(fixture_index, llm, k=2), llm).ask(
+            "What penalty does the second attack of a Flurry suffer?"
+        )
+    assert result.hop_count == 2
+    assert result.answer == "-4, halved by Old Soldier."
+    assert result.prompt_tokens == 3 * 42
+    assert len(stub.requests) == 3
+
+
+def test_missing_key_is_refused_before_any_question(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CAPRAG_LLM", "openai")
+    with pytest.raises(MissingAPIKeyError):
+        build_pipeline(ingest=False)
+    with pytest.raises(MissingAPIKeyError, match="OPENAI_API_KEY"):
+        build_openai_llm(api_key=None)
+    monkeypatch.setenv("OPENAI_API_KEY", "x")
+    assert load_settings().llm == "openai"
+
+
+def test_cli_missing_key_message_not_traceback(fixture_env: object) -> None:
+    env = {"CAPRAG_LLM": "openai", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [sys.executable, "-m", "caprag", "ask", "What is a Flurry?"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert "error: CAPRAG_LLM=openai needs an API key" in done.stderr
+    assert "Traceback" not in done.stderr

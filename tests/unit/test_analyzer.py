@@ -1,0 +1,80 @@
+"""The sufficiency analyzer's decision rule, without any model."""
+
+from __future__ import annotations
+
+from caprag.analyzer import decide, unresolved_references
+from caprag.schemas import Document
+from caprag.text import Reference, entities, references
+
+
+def doc(pid: str, short: str, section: str, page: int, text: str) -> Document:
+    return Document(
+        passage_id=pid,
+        book_id=short.lower(),
+        book_short=short,
+        section=section,
+        page=page,
+        text=text,
+    )
+
+
+STRIKE_GIFT = doc(
+    "talents/trained-by-a-veteran",
+    "Talents",
+    "Trained by a Veteran",
+    20,
+    "A veteran's pupil fights in bursts. The penalty is modified by Rapid Strike (Combat, p. 41); "
+    "for the powers it grants, see Powers, p. 100.",
+)
+RAPID_STRIKE = doc("combat/rapid-strike", "Combat", "Rapid Strike", 41, "Two blows at -3 each.")
+
+
+def test_references_keep_rule_name_book_and_page() -> None:
+    assert references(STRIKE_GIFT.text) == [
+        Reference("Rapid Strike", "Combat", 41),
+        Reference("", "Powers", 100),
+    ]
+
+
+def test_unresolved_references_become_targeted_queries() -> None:
+    decision = decide("What does Trained by a Veteran do for a fighter?", [STRIKE_GIFT])
+    assert not decision.sufficient
+    assert decision.new_queries[:2] == ["Rapid Strike (Combat, p. 41)", "see Powers, p. 100"]
+    assert "unresolved references" in decision.reasoning
+
+
+def test_a_reference_whose_target_is_gathered_is_resolved() -> None:
+    found = unresolved_references("What does Trained by a Veteran do?", [STRIKE_GIFT, RAPID_STRIKE])
+    assert found == [Reference("", "Powers", 100)]
+
+
+def test_sufficient_when_nothing_is_missing() -> None:
+    plain = doc(
+        "combat/rapid-strike", "Combat", "Rapid Strike", 41, "Rapid Strike: two blows at -3 each."
+    )
+    decision = decide("What penalty does Rapid Strike give?", [plain])
+    assert decision.sufficient
+    assert decision.new_queries == []
+
+
+def test_uncovered_question_terms_are_searched() -> None:
+    plain = doc("a/b", "A", "Torches", 5, "A torch burns for one hour.")
+    decision = decide("What does a grappling hook weigh and cost?", [plain])
+    assert not decision.sufficient
+    assert decision.new_queries == ["grappling hook weigh cost"]
+
+
+def test_queries_already_searched_are_not_repeated() -> None:
+    decision = decide(
+        "What does Trained by a Veteran do for a fighter?",
+        [STRIKE_GIFT],
+        searched=["Rapid Strike (Combat, p. 41)", "see Powers, p. 100"],
+    )
+    assert decision.sufficient
+
+
+def test_entities_find_rule_names() -> None:
+    assert entities("How does Trained by a Veteran interact with Rapid Strike?") == [
+        "Trained by a Veteran",
+        "Rapid Strike",
+    ]

@@ -1,0 +1,58 @@
+"""The offline backend: deterministic and needs no network."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from caprag.llm import OfflineLLM
+from caprag.llm.offline import REFUSAL, extract_answer, rewrite_with_history
+from caprag.services import Pipeline
+from caprag.store import PassageIndex
+from caprag.strategies import STRATEGIES
+
+
+async def run_all(index: PassageIndex, question: str) -> list[object]:
+    outputs: list[object] = []
+    for name in sorted(STRATEGIES):
+        llm = OfflineLLM()
+        result = await Pipeline(STRATEGIES[name](index, llm, k=3), llm).ask(question, "t")
+        outputs.append(
+            (
+                result.answer,
+                [s.passage_id for s in result.sources],
+                [h.model_dump(exclude={"latency_s", "usage"}) for h in result.hops],
+                result.prompt_tokens,
+                result.completion_tokens,
+            )
+        )
+    return outputs
+
+
+async def test_same_input_same_output(fixture_index: PassageIndex) -> None:
+    question = "What penalty does the second attack of a Flurry suffer?"
+    assert await run_all(fixture_index, question) == await run_all(fixture_index, question)
+
+
+async def test_runs_with_the_network_unreachable(
+    fixture_index: PassageIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise OSError("network disabled by the test")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    outputs = await run_all(fixture_index, "How many stamina points does a short rest restore?")
+    assert all("3 stamina points" in str(o) for o in outputs)
+
+
+def test_refuses_when_nothing_matches(fixture_index: PassageIndex) -> None:
+    docs = fixture_index.search("What is the capital of the moon kingdom?", 3)
+    assert extract_answer("What is the capital of the moon kingdom?", docs).answer == REFUSAL
+
+
+def test_rewrite_resolves_a_pronoun_from_history() -> None:
+    history = [("What does Old Soldier cost?", "6 gift points.")]
+    assert rewrite_with_history("What does it halve?", history) == "What does Old Soldier halve?"
+    assert rewrite_with_history("What does it halve?", []) == "What does it halve?"
