@@ -7,7 +7,13 @@ import asyncio
 import sys
 
 from caprag.errors import CapragError
-from caprag.services import AskResult, ask_question
+from caprag.services import AskResult, ask_question, default_pipeline
+
+DEMO_QUESTIONS = (
+    "What does Arcane Aptitude cost at level 3?",
+    "How many actions does a character get in one combat round?",
+    "With Trained by a Veteran, what penalty do I take on each blow of the maneuver it improves?",
+)
 
 
 def render(result: AskResult) -> str:
@@ -48,13 +54,21 @@ def main(argv: list[str] | None = None) -> int:
     ask = commands.add_parser("ask", help="answer one question")
     ask.add_argument("question")
     ask.add_argument("--thread", default=None, help="conversation thread id")
+    commands.add_parser("demo", help="ingest the corpus and answer a few sample questions")
     args = parser.parse_args(argv)
+    questions = DEMO_QUESTIONS if args.command == "demo" else (args.question,)
     try:
-        result = asyncio.run(ask_question(args.question, args.thread))
+        pipeline = default_pipeline() if args.command == "demo" else None
+        for question in questions:
+            if pipeline is not None:
+                print(f"\n### {question}")
+                result = asyncio.run(pipeline.ask(question))
+            else:
+                result = asyncio.run(ask_question(question, args.thread))
+            print(render(result))
     except CapragError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(render(result))
     return 0
 
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from caprag.schemas import Document, SufficiencyDecision
-from caprag.text import Reference, references, terms
+from caprag.text import Reference, references, sentences, terms
 
-MAX_NEW_QUERIES = 4
-FOLLOW_FROM_TOP = 4
+MAX_NEW_QUERIES = 3
+FOLLOW_FROM_TOP = 2
 MIN_UNCOVERED_SHARE = 0.3
 MIN_UNCOVERED_TERMS = 2
 
@@ -38,17 +38,44 @@ def relevance(question_terms: set[str], doc: Document) -> float:
     return (len(question_terms & body) + len(question_terms & head)) / len(question_terms)
 
 
+def _cited(doc: Document) -> list[tuple[Reference, set[str]]]:
+    """Each reference in a passage with the terms of the sentence that makes it."""
+    found: list[tuple[Reference, set[str]]] = []
+    for sentence in sentences(doc.text):
+        words = set(terms(sentence))
+        found += [(reference, words) for reference in references(sentence)]
+    return found
+
+
 def unresolved_references(question: str, documents: Sequence[Document]) -> list[Reference]:
-    """References in the passages most relevant to the question whose target is not gathered."""
+    """References to follow, best first.
+
+    1. The passages the question is about (most of its terms) are the sources; every unresolved
+       reference they make is a candidate, ranked by how much its sentence shares with the question.
+    2. Targets of their references that are already gathered are followed in turn (chains across
+       books), but only where the citing sentence shares a term with the question.
+    """
     wanted = set(terms(question))
     ranked = sorted(documents, key=lambda d: (-relevance(wanted, d), -d.score, d.passage_id))
+    sources = [doc for doc in ranked[:FOLLOW_FROM_TOP] if relevance(wanted, doc) > 0]
+    candidates: list[tuple[int, int, Reference]] = []
+    chained: list[Document] = []
+    for doc in sources:
+        for reference, words in _cited(doc):
+            targets = [d for d in documents if is_resolved(reference, [d])]
+            if targets:
+                chained += [t for t in targets if t not in sources and t not in chained]
+            else:
+                candidates.append((0, -len(wanted & words), reference))
+    for doc in chained:
+        for reference, words in _cited(doc):
+            shared = len(wanted & words)
+            if shared and not is_resolved(reference, documents):
+                candidates.append((1, -shared, reference))
     found: list[Reference] = []
-    for doc in ranked[:FOLLOW_FROM_TOP]:
-        if relevance(wanted, doc) == 0:
-            continue
-        for reference in references(doc.text):
-            if reference not in found and not is_resolved(reference, documents):
-                found.append(reference)
+    for _tier, _shared, reference in sorted(candidates, key=lambda c: (c[0], c[1])):
+        if reference not in found:
+            found.append(reference)
     return found
 
 

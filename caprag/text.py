@@ -31,7 +31,11 @@ def stem(word: str) -> str:
 
 def terms(text: str) -> list[str]:
     """Content terms of a text, lower-cased, stop words removed, lightly stemmed, in order."""
-    return [stem(w) for w in WORD.findall(text.lower()) if w not in STOPWORDS and len(w) > 1]
+    return [
+        stem(w)
+        for w in WORD.findall(text.lower())
+        if w not in STOPWORDS and (len(w) > 1 or w.isdigit())
+    ]
 
 
 def entities(text: str) -> list[str]:
@@ -61,6 +65,23 @@ def entities(text: str) -> list[str]:
         if phrase.lower() not in STOPWORDS and phrase not in seen:
             seen.append(phrase)
     return seen
+
+
+SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z(\"'])")
+
+
+def sentences(text: str) -> list[str]:
+    """Prose sentences, and table rows prefixed with their table's header row."""
+    found: list[str] = []
+    for block in re.split(r"\n\s*\n", text):
+        lines = [line.strip() for line in block.strip().splitlines() if line.strip()]
+        if lines and lines[0].startswith("|"):
+            rows = [row for row in lines if not set(row) <= set("|-: ")]
+            header = rows[0] if rows else ""
+            found += [f"{header} {row}" for row in rows[1:]]
+        elif lines:
+            found += [s for s in SENTENCE.split(" ".join(" ".join(lines).split())) if s]
+    return found
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""`python -m experiments.hardness`: where gold passages rank when searching with the question alone."""
+"""`python -m experiments.hardness`: gold-passage ranks for one search with the question alone."""
 
 from __future__ import annotations
 
@@ -37,7 +37,9 @@ def recall(ranks: list[int | None], k: int) -> float:
     return sum(1 for r in ranks if r is not None and r <= k) / len(ranks)
 
 
-def measure(index: PassageIndex, name: str, questions: list[GoldQuestion]) -> tuple[SetHardness, list[str]]:
+def measure(
+    index: PassageIndex, name: str, questions: list[GoldQuestion]
+) -> tuple[SetHardness, list[str]]:
     """Aggregate and per-question lines for one set."""
     answerable = [q for q in questions if q.gold_passages]
     lines = []
@@ -48,7 +50,9 @@ def measure(index: PassageIndex, name: str, questions: list[GoldQuestion]) -> tu
         r10 += recall(ranks, 10)
         missed = any(r is None or r > 10 for r in ranks)
         outside += missed
-        shown = ", ".join(f"{p}@{r or '>' + str(DEPTH)}" for p, r in zip(q.gold_passages, ranks, strict=True))
+        shown = ", ".join(
+            f"{p}@{r or '>' + str(DEPTH)}" for p, r in zip(q.gold_passages, ranks, strict=True)
+        )
         lines.append(f"{q.id}\t{'OUT' if missed else 'in '}\t{shown}")
     n = max(len(answerable), 1)
     return SetHardness(name, len(answerable), r5 / n, r10 / n, outside / n), lines
@@ -63,7 +67,9 @@ def load_any(path: Path) -> list[GoldQuestion]:
 
 def main(argv: list[str] | None = None) -> int:
     """Print recall@5/@10 of the gold passages with a single query, per set."""
-    parser = argparse.ArgumentParser(prog="python -m experiments.hardness", description=main.__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.hardness", description=main.__doc__
+    )
     parser.add_argument("files", nargs="*", type=Path, help="question files (default: every set)")
     parser.add_argument("--details", action="store_true", help="print each question's gold ranks")
     args = parser.parse_args(argv)
@@ -78,8 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     for path in files:
         result, lines = measure(index, path.stem, load_any(path))
         details += lines
-        print(f"| {result.name} | {result.questions} | {result.recall_at_5:.3f} | "
-              f"{result.recall_at_10:.3f} | {result.outside_top_10:.0%} |")
+        print(
+            f"| {result.name} | {result.questions} | {result.recall_at_5:.3f} | "
+            f"{result.recall_at_10:.3f} | {result.outside_top_10:.0%} |"
+        )
     if args.details:
         print("\n".join(details))
     return 0

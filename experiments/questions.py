@@ -79,7 +79,9 @@ def read_jsonl(path: Path) -> Iterable[tuple[int, dict[str, object]]]:
             try:
                 value = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise DatasetError(path, number, f"not valid JSON ({exc.msg}, column {exc.colno})")
+                raise DatasetError(
+                    path, number, f"not valid JSON ({exc.msg}, column {exc.colno})"
+                ) from None
             if not isinstance(value, dict):
                 raise DatasetError(path, number, "expected a JSON object")
             yield number, value

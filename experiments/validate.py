@@ -41,8 +41,10 @@ def validate(questions_dir: Path, corpus: Path) -> tuple[list[str], list[str]]:
             problems.append(f"{path}:0: question set {name!r} is missing")
             continue
         try:
-            items: list[GoldQuestion] | list[Conversation] = (
-                load_conversations(path) if name == "follow_up" else load_questions(path, name)
+            items: list[GoldQuestion | Conversation] = (
+                list(load_conversations(path))
+                if name == "follow_up"
+                else list(load_questions(path, name))
             )
         except DatasetError as exc:
             problems.append(str(exc))
@@ -53,7 +55,9 @@ def validate(questions_dir: Path, corpus: Path) -> tuple[list[str], list[str]]:
         hops: Counter[int] = Counter()
         for number, item in zip(numbers, items, strict=True):
             where = f"{path}:{number}"
-            keys = [item.id] + ([t.id for t in item.turns] if isinstance(item, Conversation) else [])
+            keys = [item.id] + (
+                [t.id for t in item.turns] if isinstance(item, Conversation) else []
+            )
             for key in keys:
                 if key in seen_ids:
                     problems.append(f"{where}: id {key!r} repeats {seen_ids[key]}")
@@ -68,8 +72,9 @@ def validate(questions_dir: Path, corpus: Path) -> tuple[list[str], list[str]]:
                     problems.append(f"{where}: question repeats {seen_questions[text]}")
                 seen_questions.setdefault(text, where)
                 if not low <= turn.hops <= high:
-                    problems.append(f"{where}: {turn.id} has {turn.hops} hops; {name} needs "
-                                    f"{low}-{high}")
+                    problems.append(
+                        f"{where}: {turn.id} has {turn.hops} hops; {name} needs {low}-{high}"
+                    )
                 if name == "cross_book" and len(set(turn.books)) < 2:
                     problems.append(f"{where}: {turn.id} needs gold passages from 2+ books")
                 if name == "follow_up" and not turn.standalone:
@@ -87,7 +92,9 @@ def validate(questions_dir: Path, corpus: Path) -> tuple[list[str], list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     """Validate every question set; exit 1 listing each problem with file and line."""
-    parser = argparse.ArgumentParser(prog="python -m experiments.validate", description=main.__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.validate", description=main.__doc__
+    )
     parser.add_argument("--questions", type=Path, default=QUESTIONS_DIR)
     parser.add_argument("--corpus", type=Path, default=BUNDLED_CORPUS)
     args = parser.parse_args(argv)

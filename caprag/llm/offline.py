@@ -18,12 +18,12 @@ from caprag.llm.base import LLM, History, LLMResult, format_history, format_pass
 from caprag.llm.usage import count_tokens, price
 from caprag.prompts import ANALYZE, EXPAND, GENERATE, REWRITE, Prompt
 from caprag.schemas import CallUsage, Document, GeneratedAnswer, SufficiencyDecision
-from caprag.text import entities, references, terms
+from caprag.text import entities, references, sentences, terms
 
 T = TypeVar("T")
 REFUSAL = "The rulebooks do not say."
-MIN_ANSWER_OVERLAP = 0.5
-SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z(\"'])")
+MIN_ANSWER_OVERLAP = 0.4
+ROW_KEY_BONUS = 0.3
 PRONOUNS = re.compile(r"\b(it|its|it's|this|that|they|them|their|he|she|him|her|one)\b", re.I)
 
 
@@ -99,28 +99,26 @@ class OfflineLLM(LLM):
         return self._result("rewrite", REWRITE, text, standalone, standalone, t0)
 
 
-def _sentences(doc: Document) -> list[str]:
-    """Sentences of prose; table rows prefixed with the table's header row."""
-    found: list[str] = []
-    for block in re.split(r"\n\s*\n", doc.text):
-        lines = [line.strip() for line in block.strip().splitlines() if line.strip()]
-        if lines and lines[0].startswith("|"):
-            rows = [row for row in lines if not set(row) <= set("|-: ")]
-            header = rows[0] if rows else ""
-            found += [f"{header} {row}" for row in rows[1:]]
-        elif lines:
-            found += [s for s in SENTENCE.split(" ".join(" ".join(lines).split())) if s]
-    return found
+def _row_key(row: str) -> str:
+    """First cell of a table row (after the header prefix added by `sentences`)."""
+    cells = [c.strip() for c in row.split("|") if c.strip()]
+    header_width = row.count("|") // 2
+    data = cells[header_width - 1 :] if header_width > 1 else cells
+    return data[0].lower() if data else ""
 
 
 def _best_sentence(wanted: set[str], doc: Document) -> tuple[float, str]:
     best = (0.0, "")
     head = set(terms(doc.section))
-    for sentence in _sentences(doc):
+    for sentence in sentences(doc.text):
         words = set(terms(sentence))
         score = len(wanted & (words | head)) / max(len(wanted), 1)
         if re.search(r"\d", sentence):
             score += 0.05
+        if sentence.startswith("|"):
+            key = _row_key(sentence)
+            if key and key in wanted:
+                score += ROW_KEY_BONUS
         if score > best[0]:
             best = (score, sentence)
     return best

@@ -77,10 +77,11 @@ class RetrievalStrategy(ABC):
     async def execute(self, state: GraphState) -> GraphState:
         """Fill `questions`, `context` and `hops` for `state.main_question`."""
 
-    async def search_many(self, queries: Sequence[str]) -> list[Question]:
-        """Run the queries concurrently; one Question per query with its documents."""
+    async def search_many(self, queries: Sequence[str], k: int | None = None) -> list[Question]:
+        """Run the queries concurrently (k each, default self.k); one Question per query."""
+        depth = k or self.k
         results = await asyncio.gather(
-            *(asyncio.to_thread(self.retriever.search, query, self.k) for query in queries)
+            *(asyncio.to_thread(self.retriever.search, query, depth) for query in queries)
         )
         return [Question(text=q, context=docs) for q, docs in zip(queries, results, strict=True)]
 

@@ -16,11 +16,16 @@ class MultiHopStrategy(RetrievalStrategy):
 
     name = "multi-hop"
 
-    def __init__(self, retriever: Retriever, llm: LLM, k: int = 8, max_hops: int = 3) -> None:
+    def __init__(
+        self, retriever: Retriever, llm: LLM, k: int = 8, max_hops: int = 3, follow_k: int = 1
+    ) -> None:
         super().__init__(retriever, llm, k)
         if max_hops < 1:
             raise ValueError("max_hops must be at least 1")
         self.max_hops = max_hops
+        self.follow_k = follow_k
+        """Passages kept per follow-up query: a targeted query is after one passage, and fewer
+        per query leaves more of the fixed budget k to the question's own results."""
 
     async def execute(self, state: GraphState) -> GraphState:
         """1. Search the question. 2. Analyze the top k. 3. Search the new queries. Repeat."""
@@ -31,7 +36,7 @@ class MultiHopStrategy(RetrievalStrategy):
         searched: list[str] = []
         for number in range(1, self.max_hops + 1):
             start = time.perf_counter()
-            found = await self.search_many(queries)
+            found = await self.search_many(queries, self.k if number == 1 else self.follow_k)
             searched += queries
             questions += found
             refs = [ref for question in found for ref in pool.add(question.context)]

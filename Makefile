@@ -1,0 +1,34 @@
+# caprag: every target installs what it needs first (uv + the locked dependencies).
+PY := uv run --frozen python
+export RAGAS_DO_NOT_TRACK := true
+export MLFLOW_DISABLE_TELEMETRY := true
+export DO_NOT_TRACK := true
+export ANONYMIZED_TELEMETRY := False
+export HF_HUB_OFFLINE := 1
+
+.PHONY: setup run test lint format bench clean
+
+setup:
+	@command -v uv >/dev/null 2>&1 || python3 -m pip install --quiet uv
+	@uv sync --frozen --quiet
+
+run: setup  ## ingest the bundled corpus and answer sample questions offline
+	$(PY) -m caprag demo
+
+test: setup  ## the whole test suite (unit, integration, slow)
+	uv run --frozen pytest -q
+
+lint: setup
+	uv run --frozen ruff check .
+	uv run --frozen ruff format --check .
+	uv run --frozen mypy
+
+format: setup
+	uv run --frozen ruff format .
+	uv run --frozen ruff check --fix .
+
+bench: setup  ## measured numbers, written to reports/bench.md
+	$(PY) -m experiments.bench
+
+clean:
+	rm -rf .caprag mlruns mlruns.db multirun outputs
