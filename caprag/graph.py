@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import MemorySaver
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.graph import END, START, StateGraph
 
 from caprag.llm.base import LLM
@@ -16,6 +18,23 @@ from caprag.state import GraphState
 from caprag.strategies.base import RetrievalStrategy
 
 HISTORY_PAIRS = 20
+CHECKPOINT_TYPES = [
+    ("caprag.schemas", name)
+    for name in (
+        "Question",
+        "Document",
+        "HopTrace",
+        "AnswerWithSources",
+        "CallUsage",
+        "SufficiencyDecision",
+        "RetrievedRef",
+    )
+]
+
+
+def default_checkpointer() -> MemorySaver:
+    """In-memory checkpointer that may restore caprag's own state types (and no others)."""
+    return MemorySaver(serde=JsonPlusSerializer(allowed_msgpack_modules=CHECKPOINT_TYPES))
 
 
 def history_pairs(
@@ -44,19 +63,35 @@ def build_graph(
 
     async def rewrite(state: GraphState) -> dict[str, Any]:
         """Make the question standalone from the history; no LLM call without history."""
+        start = time.perf_counter()
         history = history_pairs(state.messages[:-1], history_window)
         if not history:
-            return {"main_question": state.question, "rewrite_usage": None}
+            return {
+                "main_question": state.question,
+                "rewrite_usage": None,
+                "timings": {"rewrite": time.perf_counter() - start},
+            }
         result = await llm.rewrite(state.question, history)
-        return {"main_question": result.value, "rewrite_usage": result.usage}
+        return {
+            "main_question": result.value,
+            "rewrite_usage": result.usage,
+            "timings": {"rewrite": time.perf_counter() - start},
+        }
 
     async def retrieve(state: GraphState) -> dict[str, Any]:
         """Run the selected retrieval strategy."""
+        start = time.perf_counter()
         done = await strategy.execute(state)
-        return {"questions": done.questions, "context": done.context, "hops": done.hops}
+        return {
+            "questions": done.questions,
+            "context": done.context,
+            "hops": done.hops,
+            "timings": {"retrieve": time.perf_counter() - start},
+        }
 
     async def generate(state: GraphState) -> dict[str, Any]:
         """Answer from the context passages, citing them."""
+        start = time.perf_counter()
         history = history_pairs(state.messages[:-1], history_window)
         result = await llm.generate(state.main_question, state.context, history)
         by_id = {doc.passage_id: doc for doc in state.context}
@@ -75,6 +110,7 @@ def build_graph(
             "answer": answer,
             "generate_usage": result.usage,
             "messages": [AIMessage(answer.answer)],
+            "timings": {"generate": time.perf_counter() - start},
         }
 
     builder = StateGraph(GraphState)
@@ -85,4 +121,6 @@ def build_graph(
     builder.add_edge("rewrite", "retrieve")
     builder.add_edge("retrieve", "generate")
     builder.add_edge("generate", END)
-    return builder.compile(checkpointer=checkpointer if checkpointer is not None else MemorySaver())
+    return builder.compile(
+        checkpointer=checkpointer if checkpointer is not None else default_checkpointer()
+    )

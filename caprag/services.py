@@ -15,7 +15,7 @@ from caprag.config import Settings, load_settings
 from caprag.errors import EmptyQuestionError
 from caprag.graph import build_graph
 from caprag.llm import LLM, OfflineLLM, build_openai_llm
-from caprag.schemas import CallUsage, HopTrace, Source
+from caprag.schemas import CallUsage, Document, HopTrace, Source
 from caprag.state import GraphState
 from caprag.strategies import STRATEGIES, RetrievalStrategy, Retriever
 
@@ -47,7 +47,9 @@ class AskResult(BaseModel):
     thread_id: str
     strategy: str
     hops: list[HopTrace]
+    context: list[Document] = Field(description="The passages handed to generation.")
     usage: list[CallUsage] = Field(description="Every LLM call of the turn, in order.")
+    timings: dict[str, float] = Field(default_factory=dict, description="Seconds per node.")
     prompt_tokens: int
     completion_tokens: int
     cost_usd: float
@@ -114,7 +116,9 @@ class Pipeline:
             thread_id=thread,
             strategy=self.strategy.name,
             hops=state.hops,
+            context=state.context,
             usage=usage,
+            timings=state.timings,
             prompt_tokens=sum(u.prompt_tokens for u in usage),
             completion_tokens=sum(u.completion_tokens for u in usage),
             cost_usd=sum(u.cost_usd for u in usage),

@@ -11,6 +11,11 @@ from langgraph.graph.message import add_messages
 from caprag.schemas import AnswerWithSources, CallUsage, Document, HopTrace, Question
 
 
+def merge_timings(old: dict[str, float], new: dict[str, float]) -> dict[str, float]:
+    """Each node reports its own duration; later turns overwrite the same keys."""
+    return {**old, **new}
+
+
 @dataclass(kw_only=True)
 class GraphState:
     """State of one conversation thread; only `messages` accumulates across turns."""
@@ -41,3 +46,6 @@ class GraphState:
 
     generate_usage: CallUsage | None = None
     """Cost of the generation call."""
+
+    timings: Annotated[dict[str, float], merge_timings] = field(default_factory=dict)
+    """Seconds each node took this turn (rewrite, retrieve, generate)."""

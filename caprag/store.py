@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,8 +25,8 @@ SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z(\"'])")
 PAGE_BOOST = 0.25
 
 
-def split_children(passage: Passage) -> list[str]:
-    """Cut a section into child chunks of about CHILD_CHARS, each prefixed with its heading."""
+def split_children(passage: Passage, child_chars: int = CHILD_CHARS) -> list[str]:
+    """Cut a section into child chunks of about child_chars, each prefixed with its heading."""
     pieces: list[str] = []
     for block in re.split(r"\n\s*\n", passage.text):
         block = block.strip()
@@ -38,7 +40,7 @@ def split_children(passage: Passage) -> list[str]:
             joiner = " "
         current = ""
         for unit in units:
-            if current and len(current) + len(unit) > CHILD_CHARS:
+            if current and len(current) + len(unit) > child_chars:
                 pieces.append(current)
                 current = unit
             else:
@@ -95,9 +97,14 @@ def _write_json(path: Path, data: Any) -> None:
 class PassageIndex:
     """Children (embedded chunks) in a Chroma collection; parents (whole sections) in JSON files."""
 
-    def __init__(self, path: Path | str, embedder: Embedder) -> None:
+    def __init__(
+        self, path: Path | str, embedder: Embedder, child_chars: int = CHILD_CHARS
+    ) -> None:
         self.path = Path(path)
         self.embedder = embedder
+        self.child_chars = child_chars
+        self.key = f"{embedder.name}-{child_chars}"
+        """Embedding + chunking: each combination is its own collection and manifest."""
         self._client, self._collection = self._open()
         self._parents: dict[str, Document] | None = None
 
@@ -108,7 +115,7 @@ class PassageIndex:
         if self.path.exists() and not self.path.is_dir():
             raise VectorStoreError(f"vector store path {self.path} is a file, not a folder")
         try:
-            (self.path / "parents").mkdir(parents=True, exist_ok=True)
+            (self.path / "parents" / self.key).mkdir(parents=True, exist_ok=True)
             probe = self.path / ".write-test"
             probe.write_text("ok")
             probe.unlink()
@@ -122,7 +129,7 @@ class PassageIndex:
                 path=str(self.path), settings=Settings(anonymized_telemetry=False)
             )
             collection = client.get_or_create_collection(
-                f"children-{self.embedder.name}",
+                f"children-{self.key}",
                 embedding_function=None,
                 metadata={"hnsw:space": "cosine"},
             )
@@ -134,7 +141,7 @@ class PassageIndex:
 
     @property
     def _manifest_path(self) -> Path:
-        return self.path / f"manifest-{self.embedder.name}.json"
+        return self.path / f"manifest-{self.key}.json"
 
     def manifest(self) -> dict[str, Any]:
         """Books in the index: id → hash, source path, counts, metadata."""
@@ -144,7 +151,7 @@ class PassageIndex:
         return data
 
     def _parents_file(self, book_id: str) -> Path:
-        return self.path / "parents" / f"{book_id}.json"
+        return self.path / "parents" / self.key / f"{book_id}.json"
 
     def parents(self) -> dict[str, Document]:
         """Every indexed passage by id (read once, cached)."""
@@ -177,6 +184,20 @@ class PassageIndex:
         self, books: Sequence[Book], *, prune: bool = False, progress: bool = True
     ) -> IngestReport:
         """Add new or changed books, skip unchanged ones (by content hash), optionally prune."""
+        with self._lock():
+            return self._ingest(books, prune=prune, progress=progress)
+
+    @contextlib.contextmanager
+    def _lock(self) -> Iterator[None]:
+        """One ingest at a time per store, across processes (parallel sweep jobs share a store)."""
+        with (self.path / f".ingest-{self.key}.lock").open("w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _ingest(self, books: Sequence[Book], *, prune: bool, progress: bool) -> IngestReport:
         start = time.perf_counter()
         report = IngestReport()
         manifest = self.manifest()
@@ -216,7 +237,7 @@ class PassageIndex:
             texts: list[str] = []
             metas: list[dict[str, str | int | float | bool]] = []
             for passage in batch:
-                for number, text in enumerate(split_children(passage)):
+                for number, text in enumerate(split_children(passage, self.child_chars)):
                     ids.append(f"{passage.passage_id}#{number}")
                     texts.append(text)
                     metas.append(

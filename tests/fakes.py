@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections.abc import Iterator, Sequence
@@ -13,6 +14,9 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import BaseModel, PrivateAttr
+
+from caprag.errors import StructuredOutputError
+from caprag.llm import OfflineLLM
 
 
 class ScriptedChatModel(BaseChatModel):
@@ -170,3 +174,22 @@ def serve(
     """Run an OpenAIStub for the duration of a fixture."""
     with OpenAIStub(replies, default) as stub:
         yield stub
+
+
+class FlakyLLM(OfflineLLM):
+    """The offline backend, except that questions naming `hang_on` hang and those naming
+    `garble_on` get an unparseable analyzer reply: for failure-isolation tests."""
+
+    def __init__(
+        self, price_model: str = "gpt-4o-mini", hang_on: str = "torch", garble_on: str = "stamina"
+    ) -> None:
+        super().__init__(price_model)
+        self.hang_on = hang_on.lower()
+        self.garble_on = garble_on.lower()
+
+    async def analyze(self, question: str, documents: Any, searched: Any) -> Any:
+        if self.hang_on in question.lower():
+            await asyncio.sleep(3600)
+        if self.garble_on in question.lower():
+            raise StructuredOutputError("SufficiencyDecision", "reply was not JSON: 'Sure!'", 3)
+        return await super().analyze(question, documents, searched)

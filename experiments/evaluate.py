@@ -1,0 +1,323 @@
+"""Run a dataset through a pipeline: concurrent, isolated per question, scored per question."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import statistics
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from tqdm import tqdm
+
+from caprag.services import AskResult, Pipeline
+from experiments import metrics
+from experiments.data import Dataset, EvalCase
+from experiments.questions import GoldQuestion
+from experiments.ragas_metrics import Scores
+
+MAX_HOPS_REPORTED = 3
+
+
+class Scorer(Protocol):
+    """Extra per-question metrics (RAGAS, a judge)."""
+
+    async def score(
+        self,
+        question: str,
+        answer: str,
+        reference: str,
+        contexts: Sequence[str],
+        reference_contexts: Sequence[str],
+    ) -> Scores:
+        """Values computed, and reasons for those that could not be."""
+        ...
+
+
+@dataclass
+class QuestionRow:
+    """One question's outcome: identity, what happened, metric values and missing reasons."""
+
+    case_id: str
+    question_id: str
+    set: str
+    query_type: str
+    turn: int
+    question: str
+    gold_answer: str
+    status: str = "ok"
+    error: str = ""
+    main_question: str = ""
+    answer: str = ""
+    context_ids: list[str] = field(default_factory=list)
+    gold_ids: list[str] = field(default_factory=list)
+    values: dict[str, float] = field(default_factory=dict)
+    missing: dict[str, str] = field(default_factory=dict)
+    trace: list[dict[str, Any]] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def record(self) -> dict[str, Any]:
+        """A flat row for tables (MLflow, pandas): lists and dicts as JSON strings."""
+        row: dict[str, Any] = {
+            "case_id": self.case_id,
+            "question_id": self.question_id,
+            "set": self.set,
+            "query_type": self.query_type,
+            "turn": self.turn,
+            "question": self.question,
+            "main_question": self.main_question,
+            "gold_answer": self.gold_answer,
+            "answer": self.answer,
+            "status": self.status,
+            "error": self.error,
+            "context_ids": json.dumps(self.context_ids),
+            "gold_ids": json.dumps(self.gold_ids),
+            "missing": json.dumps(self.missing),
+            "trace": json.dumps(self.trace),
+            "timings": json.dumps(self.timings),
+        }
+        row.update(self.values)
+        return row
+
+
+def score_retrieval(turn: GoldQuestion, result: AskResult, k: int) -> Scores:
+    """Gold-passage recall@k, precision@k, MRR and cumulative recall after each hop."""
+    if not turn.gold_passages:
+        reason = "no gold passages (unanswerable question)"
+        names = ["recall_at_k", "precision_at_k", "mrr", "distinct_passages"]
+        names += [f"recall_hop{h}" for h in range(1, MAX_HOPS_REPORTED + 1)]
+        return {}, dict.fromkeys(names, reason)
+    context = [doc.passage_id for doc in result.context]
+    gold = turn.gold_passages
+    hops = [[ref.passage_id for ref in hop.documents] for hop in result.hops]
+    curve = metrics.cumulative_recall(hops, gold, MAX_HOPS_REPORTED)
+    values = {
+        "recall_at_k": metrics.recall_at_k(context, gold, k),
+        "precision_at_k": metrics.precision_at_k(context, gold, k),
+        "mrr": metrics.reciprocal_rank(context, gold),
+        "all_gold_at_k": float(metrics.recall_at_k(context, gold, k) == 1.0),
+    }
+    values.update({f"recall_hop{h}": v for h, v in enumerate(curve, start=1)})
+    return values, {}
+
+
+def score_answer(turn: GoldQuestion, result: AskResult) -> Scores:
+    """Exact match and token F1 for answerable questions; refusal for unanswerable ones."""
+    refused = metrics.is_refusal(result.answer)
+    if not turn.gold_passages:
+        reason = "unanswerable question has no gold answer"
+        return {"correct_refusal": float(refused)}, {
+            "exact_match": reason,
+            "f1": reason,
+            "false_refusal": "question is unanswerable",
+        }
+    return (
+        {
+            "exact_match": metrics.exact_match(result.answer, turn.answer),
+            "f1": metrics.token_f1(result.answer, turn.answer),
+            "false_refusal": float(refused),
+        },
+        {"correct_refusal": "question is answerable"},
+    )
+
+
+def score_cost(result: AskResult) -> dict[str, float]:
+    """Hops, LLM calls, tokens, cost, latency and distinct passages retrieved."""
+    distinct = {ref.passage_id for hop in result.hops for ref in hop.documents}
+    return {
+        "hops": float(result.hop_count),
+        "llm_calls": float(len(result.usage)),
+        "retrieval_calls": float(sum(len(hop.queries) for hop in result.hops)),
+        "prompt_tokens": float(result.prompt_tokens),
+        "completion_tokens": float(result.completion_tokens),
+        "tokens": float(result.prompt_tokens + result.completion_tokens),
+        "cost_usd": result.cost_usd,
+        "latency_s": result.latency_s,
+        "distinct_passages": float(len(distinct)),
+    }
+
+
+def trace_of(
+    result: AskResult, passages: dict[str, str], gold: Sequence[str]
+) -> list[dict[str, Any]]:
+    """The hop-by-hop trace as plain data, each document marked gold or not."""
+    hops = []
+    for hop in result.hops:
+        data = hop.model_dump()
+        for ref in data["documents"]:
+            ref["gold"] = ref["passage_id"] in gold
+            ref["section"] = passages.get(ref["passage_id"], "")
+        data["prompt_tokens"] = hop.prompt_tokens
+        data["completion_tokens"] = hop.completion_tokens
+        data["cost_usd"] = hop.cost_usd
+        hops.append(data)
+    return hops
+
+
+@dataclass
+class Evaluator:
+    """Answers every case of a dataset with one pipeline and scores each question."""
+
+    pipeline: Pipeline
+    k: int
+    scorers: Sequence[Scorer] = ()
+    concurrency: int = 4
+    question_timeout_s: float = 120.0
+    progress: bool = True
+    reference_text: Callable[[str], str] = lambda _pid: ""
+    section_of: dict[str, str] = field(default_factory=dict)
+
+    async def run(
+        self, dataset: Dataset, on_row: Callable[[QuestionRow], None] | None = None
+    ) -> list[QuestionRow]:
+        """All rows, in dataset order; a failing question becomes a failed row, never a crash."""
+        semaphore = asyncio.Semaphore(max(1, self.concurrency))
+        bar = tqdm(total=dataset.questions, unit="q", desc="questions", disable=not self.progress)
+
+        async def one(case: EvalCase) -> list[QuestionRow]:
+            async with semaphore:
+                rows = await self.run_case(case, bar)
+            for row in rows:
+                if on_row:
+                    on_row(row)
+            return rows
+
+        try:
+            results = await asyncio.gather(*(one(case) for case in dataset.cases))
+        finally:
+            bar.close()
+        return [row for rows in results for row in rows]
+
+    async def run_case(self, case: EvalCase, bar: tqdm[Any] | None = None) -> list[QuestionRow]:
+        """Ask each turn on one thread; score it or record why it failed."""
+        thread = f"eval-{case.id}-{uuid.uuid4().hex[:8]}"
+        rows = []
+        for number, turn in enumerate(case.turns, start=1):
+            row = QuestionRow(
+                case_id=case.id,
+                question_id=turn.id,
+                set=case.set,
+                query_type=turn.query_type,
+                turn=number,
+                question=turn.question,
+                gold_answer=turn.answer,
+                gold_ids=list(turn.gold_passages),
+            )
+            try:
+                result = await asyncio.wait_for(
+                    self.pipeline.ask(turn.question, thread), self.question_timeout_s
+                )
+                await self._score(row, turn, result)
+            except TimeoutError:
+                row.status, row.error = "failed", f"timed out after {self.question_timeout_s:g}s"
+            except Exception as exc:  # isolation: record the failure, go on with the run
+                row.status, row.error = "failed", f"{type(exc).__name__}: {exc}"
+            rows.append(row)
+            if bar is not None:
+                bar.update(1)
+        return rows
+
+    async def _score(self, row: QuestionRow, turn: GoldQuestion, result: AskResult) -> None:
+        row.main_question = result.main_question
+        row.answer = result.answer
+        row.context_ids = [d.passage_id for d in result.context]
+        row.timings = {**result.timings, "total": result.latency_s}
+        row.trace = trace_of(result, self.section_of, turn.gold_passages)
+        for values, missing in (score_retrieval(turn, result, self.k), score_answer(turn, result)):
+            row.values.update(values)
+            row.missing.update(missing)
+        row.values.update(score_cost(result))
+        gold_texts = [self.reference_text(pid) for pid in turn.gold_passages]
+        for scorer in self.scorers:
+            values, missing = await scorer.score(
+                turn.search_text,
+                result.answer,
+                turn.reference or turn.answer,
+                [d.text for d in result.context],
+                [t for t in gold_texts if t],
+            )
+            row.values.update(values)
+            row.missing.update(missing)
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """A metric's mean over the questions that have it, and how many do."""
+
+    name: str
+    mean: float | None
+    n: int
+    total: int
+    missing_reasons: dict[str, int]
+
+    @property
+    def coverage(self) -> str:
+        """'57/60'."""
+        return f"{self.n}/{self.total}"
+
+
+def aggregate(rows: Sequence[QuestionRow]) -> dict[str, Aggregate]:
+    """Mean of each metric over the rows that have it; failed rows count in the total."""
+    names: list[str] = []
+    for row in rows:
+        names += [n for n in [*row.values, *row.missing] if n not in names]
+    result: dict[str, Aggregate] = {}
+    for name in names:
+        present = [
+            r.values[name] for r in rows if name in r.values and not math.isnan(r.values[name])
+        ]
+        reasons: dict[str, int] = {}
+        for row in rows:
+            if name in row.values:
+                continue
+            reason = row.missing.get(name) or (f"question failed: {row.error}" if row.error else "")
+            key = reason.split(":")[0] if reason.startswith("question failed") else reason
+            reasons[key or "not computed"] = reasons.get(key or "not computed", 0) + 1
+        result[name] = Aggregate(
+            name=name,
+            mean=statistics.fmean(present) if present else None,
+            n=len(present),
+            total=len(rows),
+            missing_reasons=reasons,
+        )
+    return result
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-quantile (0-1) by linear interpolation."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def summary_metrics(rows: Sequence[QuestionRow]) -> dict[str, float]:
+    """Run-level numbers beyond means: failures, latency percentiles, hop distribution."""
+    ok = [r for r in rows if r.status == "ok"]
+    latencies = [r.values["latency_s"] for r in ok if "latency_s" in r.values]
+    out: dict[str, float] = {
+        "questions": float(len(rows)),
+        "failed": float(len(rows) - len(ok)),
+    }
+    for label, q in (("p50", 0.5), ("p95", 0.95)):
+        value = percentile(latencies, q)
+        if value is not None:
+            out[f"latency_{label}_s"] = value
+    for hops in range(1, MAX_HOPS_REPORTED + 1):
+        out[f"share_hops_{hops}"] = (
+            sum(1 for r in ok if r.values.get("hops") == hops) / len(ok) if ok else 0.0
+        )
+    return out
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    """Call fn and return (result, seconds)."""
+    start = time.perf_counter()
+    return fn(), time.perf_counter() - start

@@ -1,0 +1,230 @@
+"""MLflow logging: config as params, aggregates as metrics, rows and traces as artifacts."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import subprocess
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from caprag.config import PROJECT_ROOT
+from caprag.telemetry import disable_telemetry
+
+disable_telemetry()
+
+import mlflow  # noqa: E402  (after the telemetry opt-out)
+
+from experiments.evaluate import Aggregate, QuestionRow  # noqa: E402
+
+DEFAULT_URI = f"sqlite:///{PROJECT_ROOT / 'mlruns.db'}"
+TABLE = "questions.json"
+logging.getLogger("mlflow").setLevel(logging.WARNING)
+logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
+def tracking_uri(configured: str | None = None) -> str:
+    """MLFLOW_TRACKING_URI, else the configured URI, else the project's SQLite file."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or configured or DEFAULT_URI
+
+
+def artifact_root(uri: str) -> str | None:
+    """Artifacts beside a local SQLite store (not under whatever the current folder is)."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlruns").as_uri()
+    return None
+
+
+def use_experiment(uri: str, name: str) -> str:
+    """Point MLflow at the store and experiment; create the experiment if needed."""
+    mlflow.set_tracking_uri(uri)
+    existing = mlflow.get_experiment_by_name(name)
+    if existing is not None:
+        mlflow.set_experiment(experiment_id=existing.experiment_id)
+        return str(existing.experiment_id)
+    experiment_id = mlflow.create_experiment(name, artifact_location=artifact_root(uri))
+    mlflow.set_experiment(experiment_id=experiment_id)
+    return str(experiment_id)
+
+
+def git_commit() -> str:
+    """The commit of the working tree ('+dirty' when it has changes), or 'unknown'."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=PROJECT_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=PROJECT_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
+        return commit + ("+dirty" if dirty.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested config → {'a.b.c': 'value'} with values as strings (MLflow params)."""
+    flat: dict[str, str] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = json.dumps(value) if isinstance(value, list | tuple) else str(value)
+    return flat
+
+
+def parent_run(experiment_id: str, sweep_id: str, name: str) -> str:
+    """The run that groups a sweep's runs: found by tag, created once (a file lock guards it)."""
+    lock_path = Path(tempfile.gettempdir()) / (
+        "caprag-sweep-" + hashlib.sha256(sweep_id.encode()).hexdigest()[:16] + ".lock"
+    )
+    with lock_path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        found = mlflow.search_runs(
+            experiment_ids=[experiment_id],
+            filter_string=f"tags.`caprag.sweep_id` = '{sweep_id}' and tags.`caprag.role` = 'sweep'",
+            output_format="list",
+        )
+        if found:
+            return str(found[0].info.run_id)
+        client = mlflow.MlflowClient()
+        run = client.create_run(
+            experiment_id,
+            run_name=name,
+            tags={"caprag.sweep_id": sweep_id, "caprag.role": "sweep"},
+        )
+        client.set_terminated(run.info.run_id)
+        return str(run.info.run_id)
+
+
+@contextlib.contextmanager
+def start(run_name: str, parent_id: str | None, tags: Mapping[str, str]) -> Iterator[Any]:
+    """Open the run (nested under the sweep's parent run when there is one)."""
+    with mlflow.start_run(run_name=run_name, parent_run_id=parent_id, tags=dict(tags)) as run:
+        yield run
+
+
+def log_config(config: Mapping[str, Any]) -> None:
+    """Every resolved config value as a param; the whole config as an artifact."""
+    flat = flatten(config)
+    items = list(flat.items())
+    for start_at in range(0, len(items), 100):
+        mlflow.log_params({k[:250]: v[:6000] for k, v in items[start_at : start_at + 100]})
+    mlflow.log_dict(dict(config), "config.json")
+
+
+def log_results(
+    rows: Sequence[QuestionRow], aggregates: Mapping[str, Aggregate], summary: Mapping[str, float]
+) -> None:
+    """Means and coverage as metrics, recall per hop as a stepped metric, rows as a table."""
+    metrics: dict[str, float] = dict(summary)
+    for name, agg in aggregates.items():
+        if agg.mean is not None:
+            metrics[name] = agg.mean
+        metrics[f"{name}.coverage"] = agg.n / agg.total if agg.total else 0.0
+    mlflow.log_metrics(metrics)
+    for hop in range(1, 4):
+        hop_agg = aggregates.get(f"recall_hop{hop}")
+        if hop_agg is not None and hop_agg.mean is not None:
+            mlflow.log_metric("recall_cumulative", hop_agg.mean, step=hop)
+    records = [row.record() for row in rows]
+    if records:
+        mlflow.log_table(_frame(records), artifact_file=TABLE)
+    mlflow.log_dict(
+        {
+            name: {"mean": a.mean, "n": a.n, "total": a.total, "missing": a.missing_reasons}
+            for name, a in aggregates.items()
+        },
+        "aggregates.json",
+    )
+
+
+def _frame(records: list[dict[str, Any]]) -> Any:
+    import pandas as pd
+
+    return pd.DataFrame.from_records(records)
+
+
+def log_traces(rows: Sequence[QuestionRow], start_ns: int) -> int:
+    """One MLflow trace per question: a span per node and, under retrieve, a span per hop."""
+    count = 0
+    for row in rows:
+        if row.status != "ok":
+            continue
+        t = start_ns
+        root = mlflow.start_span_no_context(
+            f"question {row.question_id}",
+            span_type="CHAIN",
+            inputs={"question": row.question},
+            attributes={"set": row.set, "query_type": row.query_type},
+            start_time_ns=t,
+        )
+        rewrite_ns = int(row.timings.get("rewrite", 0.0) * 1e9)
+        span = mlflow.start_span_no_context(
+            "rewrite",
+            span_type="CHAIN",
+            parent_span=root,
+            inputs={"question": row.question},
+            start_time_ns=t,
+        )
+        span.set_outputs({"main_question": row.main_question})
+        t += rewrite_ns
+        span.end(end_time_ns=t)
+        retrieve = mlflow.start_span_no_context(
+            "retrieve",
+            span_type="RETRIEVER",
+            parent_span=root,
+            inputs={"main_question": row.main_question},
+            start_time_ns=t,
+        )
+        for hop in row.trace:
+            hop_ns = int(float(hop.get("latency_s", 0.0)) * 1e9)
+            span = mlflow.start_span_no_context(
+                f"hop {hop['hop']}",
+                span_type="RETRIEVER",
+                parent_span=retrieve,
+                inputs={"queries": hop["queries"]},
+                attributes={
+                    "new_documents": str(hop["new_documents"]),
+                    "duplicate_documents": str(hop["duplicate_documents"]),
+                    "prompt_tokens": str(hop["prompt_tokens"]),
+                    "cost_usd": str(hop["cost_usd"]),
+                },
+                start_time_ns=t,
+            )
+            span.set_outputs({"documents": hop["documents"], "decision": hop.get("decision")})
+            t += hop_ns
+            span.end(end_time_ns=t)
+        retrieve.set_outputs({"context": row.context_ids})
+        retrieve.end(end_time_ns=t)
+        generate_ns = int(row.timings.get("generate", 0.0) * 1e9)
+        span = mlflow.start_span_no_context(
+            "generate",
+            span_type="LLM",
+            parent_span=root,
+            inputs={"context": row.context_ids},
+            start_time_ns=t,
+        )
+        span.set_outputs({"answer": row.answer})
+        t += generate_ns
+        span.end(end_time_ns=t)
+        root.set_outputs({"answer": row.answer, "gold_answer": row.gold_answer})
+        root.end(end_time_ns=max(t, start_ns + int(row.timings.get("total", 0.0) * 1e9)))
+        count += 1
+    mlflow.flush_trace_async_logging()
+    return count

@@ -1,0 +1,172 @@
+"""The harness through Hydra's compose API: every config member builds; run(cfg) end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from caprag.config import PROJECT_ROOT
+from caprag.llm import LLM
+from caprag.strategies import RetrievalStrategy
+from experiments.data import Dataset
+from experiments.run import run
+from tests.conftest import FIXTURE_BOOKS
+
+CONF = PROJECT_ROOT / "conf"
+FIXTURE_QUESTIONS = Path(__file__).parents[1] / "fixtures" / "questions"
+GROUPS = ("strategy", "llm", "retriever", "dataset", "judge")
+
+
+def fixture_overrides(tmp: Path, questions: Path = FIXTURE_QUESTIONS) -> list[str]:
+    return [
+        f"paths.corpus={FIXTURE_BOOKS}",
+        f"paths.questions={questions}",
+        f"paths.store={tmp / 'store'}",
+        f"tracking.uri=sqlite:///{tmp / 'mlruns.db'}",
+        "experiment.progress=false",
+    ]
+
+
+def make_cfg(tmp: Path, *overrides: str, questions: Path = FIXTURE_QUESTIONS) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=[*fixture_overrides(tmp, questions), *overrides])
+
+
+def members(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize(("group", "option"), [(g, m) for g in GROUPS for m in members(g)])
+def test_every_config_group_member_instantiates(
+    group: str, option: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    cfg = make_cfg(tmp_path, f"{group}={option}")
+    built = instantiate(cfg[group]) if group != "retriever" else instantiate(cfg.retriever.index)
+    if group == "strategy":
+        strategy = built(retriever=instantiate(cfg.retriever.index), llm=instantiate(cfg.llm), k=3)
+        assert isinstance(strategy, RetrievalStrategy)
+    elif group == "llm":
+        assert isinstance(built, LLM)
+    elif group == "dataset":
+        assert isinstance(built, Dataset) and built.cases
+    elif group == "retriever":
+        assert built.search("torch", 1)
+    elif group == "judge":
+        assert built is None if option == "none" else hasattr(built, "score")
+
+
+@pytest.mark.parametrize("preset", members("experiment"))
+def test_experiment_presets_compose(preset: str, tmp_path: Path) -> None:
+    cfg = make_cfg(tmp_path, f"experiment={preset}")
+    assert cfg.experiment.name == preset
+
+
+def test_cluster_launcher_configs_exist() -> None:
+    for name in ("ray", "submitit_slurm"):
+        text = (CONF / "hydra" / "launcher" / f"{name}.yaml").read_text()
+        assert "_target_: hydra_plugins." in text and "pip install" in text
+
+
+@pytest.mark.slow
+def test_run_end_to_end_is_logged_and_read_back(tmp_path: Path) -> None:
+    cfg = make_cfg(tmp_path, "dataset=all", "strategy=multi-hop", "retriever.k=2")
+    result = run(cfg)
+    assert result.summary["questions"] == 9 and result.summary["failed"] == 0
+    cross = next(r for r in result.rows if r.question_id == "t-cb-1")
+    assert cross.values["recall_at_k"] == 1.0 and cross.values["hops"] >= 2
+    assert cross.values["recall_hop1"] < cross.values["recall_hop2"]
+    refusal = next(r for r in result.rows if r.set == "unanswerable")
+    assert "recall_at_k" in refusal.missing and "correct_refusal" in refusal.values
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlruns.db'}")
+    logged = mlflow.get_run(result.run_id)
+    assert logged.data.params["strategy._target_"] == "caprag.strategies.MultiHopStrategy"
+    assert logged.data.params["retriever.k"] == "2"
+    assert logged.data.tags["caprag.prompt.analyze"] == "analyze-v1"
+    assert len(logged.data.tags["caprag.dataset_hash"]) == 16
+    assert logged.data.metrics["recall_at_k"] == pytest.approx(result.mean("recall_at_k"))
+    assert logged.data.metrics["correct_refusal.coverage"] == pytest.approx(1 / 9)
+    table = mlflow.load_table("questions.json", run_ids=[result.run_id])
+    assert sorted(table["question_id"]) == sorted(r.question_id for r in result.rows)
+    trace_rows = json.loads(table.set_index("question_id").loc["t-cb-1", "trace"])
+    assert trace_rows[0]["documents"][0]["passage_id"]
+    traces = mlflow.search_traces(run_id=result.run_id, return_type="list")
+    assert len(traces) == 9
+    spans = {s.name for t in traces for s in t.data.spans}
+    assert {"rewrite", "retrieve", "hop 1", "hop 2", "generate"} <= spans
+
+
+@pytest.mark.slow
+def test_failures_are_isolated_and_coverage_stated(tmp_path: Path) -> None:
+    cfg = make_cfg(
+        tmp_path,
+        "dataset=single_book",
+        "++llm._target_=tests.fakes.FlakyLLM",
+        "experiment.question_timeout_s=2",
+        "tracking.enabled=false",
+        "experiment.ragas=false",
+    )
+    result = run(cfg)
+    status = {r.question_id: (r.status, r.error) for r in result.rows}
+    assert status["t-sb-1"] == ("failed", "timed out after 2s")
+    assert status["t-sb-2"][0] == "failed" and "StructuredOutputError" in status["t-sb-2"][1]
+    assert status["t-sb-3"] == ("ok", "")
+    recall = result.aggregates["recall_at_k"]
+    assert (recall.n, recall.total) == (1, 3)
+    assert sum(recall.missing_reasons.values()) == 2
+    assert result.summary["failed"] == 2
+
+
+def run_cli(*args: str, cwd: Path = PROJECT_ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "experiments.run", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+
+
+def test_unknown_strategy_lists_the_choices(tmp_path: Path) -> None:
+    done = run_cli(*fixture_overrides(tmp_path), "strategy=nope")
+    assert done.returncode != 0
+    assert "Could not find 'strategy/nope'" in done.stderr
+    assert "multi-hop" in done.stderr and "multi-question" in done.stderr
+
+
+def test_unknown_dataset_lists_the_choices(tmp_path: Path) -> None:
+    done = run_cli(*fixture_overrides(tmp_path), "dataset=nope")
+    assert "Could not find 'dataset/nope'" in done.stderr and "cross_book" in done.stderr
+
+
+def test_broken_dataset_line_fails_before_any_question(tmp_path: Path) -> None:
+    questions = tmp_path / "questions"
+    questions.mkdir()
+    for file in FIXTURE_QUESTIONS.glob("*.jsonl"):
+        (questions / file.name).write_text(file.read_text())
+    lines = (questions / "cross_book.jsonl").read_text().splitlines()
+    lines[1] = lines[1][:40]
+    (questions / "cross_book.jsonl").write_text("\n".join(lines) + "\n")
+    overrides = fixture_overrides(tmp_path, questions)
+    done = run_cli(*overrides, "dataset=cross_book")
+    assert done.returncode == 2
+    assert f"error: {questions / 'cross_book.jsonl'}:2: not valid JSON" in done.stderr
+    assert "questions:" not in done.stderr and "ingest" not in done.stderr
+
+
+def test_openai_without_key_fails_before_any_question(tmp_path: Path) -> None:
+    done = run_cli(*fixture_overrides(tmp_path), "llm=openai")
+    assert done.returncode == 2
+    assert "needs an API key: set OPENAI_API_KEY" in done.stderr
+    assert "questions:" not in done.stderr
