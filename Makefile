@@ -6,14 +6,24 @@ export DO_NOT_TRACK := true
 export ANONYMIZED_TELEMETRY := False
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup run test lint format bench clean
+.PHONY: setup run demo test lint format bench gate mlflow clean
 
 setup:
 	@command -v uv >/dev/null 2>&1 || python3 -m pip install --quiet uv
 	@uv sync --frozen --quiet
 
-run: setup  ## ingest the bundled corpus and answer sample questions offline
+run: setup  ## the main job: offline multi-hop vs multi-question sweep on the curated sets
+	$(PY) -m experiments.run -m experiment=compare
+	$(PY) -m experiments.summary
+
+demo: setup  ## ingest the bundled corpus and answer sample questions offline
 	$(PY) -m caprag demo
+
+gate: setup  ## regression gate against reports/baseline.json (--update to rewrite it)
+	$(PY) -m experiments.gate
+
+mlflow: setup  ## the MLflow UI on http://127.0.0.1:5000
+	uv run --frozen mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlruns.db --host 127.0.0.1 --port 5000
 
 test: setup  ## the whole test suite (unit, integration, slow)
 	uv run --frozen pytest -q

@@ -55,6 +55,7 @@ def load_dataset(
     root: Path | str = QUESTIONS_DIR,
     limit: int | None = None,
     path: str | None = None,
+    limit_per_set: int | None = None,
 ) -> Dataset:
     """Load the named sets (or one explicit file); DatasetError with file:line on a bad line."""
     root = Path(root)
@@ -68,9 +69,10 @@ def load_dataset(
             raise FileNotFoundError(f"question set file {file} does not exist")
         files.append(file)
         if set_name == "follow_up":
-            cases += [EvalCase(c.id, set_name, tuple(c.turns)) for c in load_conversations(file)]
+            found = [EvalCase(c.id, set_name, tuple(c.turns)) for c in load_conversations(file)]
         else:
-            cases += [EvalCase(q.id, set_name, (q,)) for q in load_questions(file, set_name)]
+            found = [EvalCase(q.id, set_name, (q,)) for q in load_questions(file, set_name)]
+        cases += found[:limit_per_set] if limit_per_set is not None else found
     if limit is not None:
         cases = cases[:limit]
     return Dataset(name=name, cases=cases, files=files)

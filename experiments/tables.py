@@ -42,6 +42,8 @@ def fmt(value: float | None, name: str = "") -> str:
         return "—"
     if name == "cost_usd":
         return f"{value:.6f}"
+    if name == "failed":
+        return f"{value:.0f}"
     if name.endswith("tokens") or name.endswith("calls") or name == "distinct_passages":
         return f"{value:.1f}"
     return f"{value:.3f}"

@@ -1,0 +1,157 @@
+"""`python -m experiments.report RUN_ID ...`: a Markdown report with tables and PNG plots."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from caprag.config import PROJECT_ROOT
+from experiments.runs import LoadedRun, connect, load_run, per_set
+from experiments.tables import compare_table, markdown_table
+
+REPORTS = PROJECT_ROOT / "reports"
+SET_METRICS = [
+    "recall_at_k",
+    "all_gold_at_k",
+    "mrr",
+    "f1",
+    "hops",
+    "llm_calls",
+    "tokens",
+    "cost_usd",
+    "latency_s",
+]
+
+
+def plot_recall_per_hop(runs: list[LoadedRun], path: Path) -> None:
+    """Cumulative gold-passage recall after each hop, one line per run (and set)."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for run in runs:
+        frame = run.questions
+        if frame.empty:
+            continue
+        ok = frame[frame["status"] == "ok"]
+        for set_name, group in ok.groupby("set"):
+            cols = [c for c in ("recall_hop1", "recall_hop2", "recall_hop3") if c in group]
+            values = group[cols].mean()
+            if values.isna().all():
+                continue
+            ax.plot(
+                range(1, len(cols) + 1),
+                values.to_numpy(),
+                marker="o",
+                label=f"{run.strategy} · {set_name}",
+            )
+    ax.set_xlabel("hop")
+    ax.set_xticks([1, 2, 3])
+    ax.set_ylabel("cumulative gold-passage recall")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("Recall per hop")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_cost_quality(runs: list[LoadedRun], path: Path) -> None:
+    """Tokens per question vs recall@k, one point per run."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for run in runs:
+        tokens = run.metrics.get("tokens")
+        recall = run.metrics.get("recall_at_k")
+        if tokens is None or recall is None:
+            continue
+        ax.scatter([tokens], [recall], s=60)
+        ax.annotate(
+            run.label, (tokens, recall), textcoords="offset points", xytext=(5, 5), fontsize=8
+        )
+    ax.set_xlabel("tokens per question (prompt + completion)")
+    ax.set_ylabel("gold-passage recall@k")
+    ax.grid(alpha=0.3)
+    ax.set_title("Cost vs quality")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(runs: list[LoadedRun], name: str, notes: str = "") -> Path:
+    """Render tables and plots for the runs into reports/<name>.md (+ PNGs)."""
+    REPORTS.mkdir(exist_ok=True)
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    hop_png = REPORTS / f"{slug}-recall-per-hop.png"
+    cost_png = REPORTS / f"{slug}-cost-vs-quality.png"
+    plot_recall_per_hop(runs, hop_png)
+    plot_cost_quality(runs, cost_png)
+    lines = [
+        f"# {name}",
+        "",
+        f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by "
+        f"`python -m experiments.report {' '.join(r.run_id for r in runs)}`.",
+        "",
+    ]
+    if notes:
+        lines += [notes, ""]
+    lines += [
+        "## All questions",
+        "",
+        compare_table([(r.label, r.metrics, r.coverage()) for r in runs]),
+        "",
+    ]
+    rows = []
+    for run in runs:
+        for set_name, values in per_set(run, SET_METRICS).iterrows():
+            rows.append(
+                [
+                    run.label,
+                    str(set_name),
+                    f"{values['questions']:.0f}",
+                    *[f"{values.get(m, float('nan')):.4g}" for m in SET_METRICS],
+                ]
+            )
+    if rows:
+        lines += [
+            "## By question set",
+            "",
+            markdown_table(["run", "set", "questions", *SET_METRICS], rows),
+            "",
+        ]
+    lines += [
+        "## Plots",
+        "",
+        f"![recall per hop]({hop_png.name})",
+        "",
+        f"![cost vs quality]({cost_png.name})",
+        "",
+        "## Runs",
+        "",
+    ]
+    lines += [f"- `{r.run_id}` {r.name}" for r in runs]
+    path = REPORTS / f"{slug}.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write the report for the given runs."""
+    parser = argparse.ArgumentParser(prog="python -m experiments.report", description=main.__doc__)
+    parser.add_argument("run_ids", nargs="+")
+    parser.add_argument("--name", default="comparison")
+    parser.add_argument("--notes", default="", help="a paragraph placed under the title")
+    args = parser.parse_args(argv)
+    connect()
+    path = write_report([load_run(r) for r in args.run_ids], args.name, args.notes)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Reading runs back from MLflow: metrics, coverage and per-question tables, for reports."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from experiments import tracking
+from experiments.tracking import mlflow
+
+
+@dataclass
+class LoadedRun:
+    """A finished run as the report and summary need it."""
+
+    run_id: str
+    name: str
+    strategy: str
+    dataset: str
+    llm: str
+    metrics: dict[str, float]
+    questions: pd.DataFrame
+
+    @property
+    def label(self) -> str:
+        """Short label for tables and plots."""
+        return f"{self.strategy} ({self.llm})"
+
+    def coverage(self) -> dict[str, str]:
+        """metric → 'n/total' from the logged coverage shares."""
+        total = int(self.metrics.get("questions", 0))
+        return {
+            name.removesuffix(".coverage"): f"{round(value * total)}/{total}"
+            for name, value in self.metrics.items()
+            if name.endswith(".coverage") and value < 1.0
+        }
+
+
+def connect(uri: str | None = None, experiment: str = "caprag") -> str:
+    """Point MLflow at the store; return the experiment id."""
+    return tracking.use_experiment(tracking.tracking_uri(uri), experiment)
+
+
+def load_run(run_id: str) -> LoadedRun:
+    """One run with its per-question table."""
+    run = mlflow.get_run(run_id)
+    tags = run.data.tags
+    try:
+        questions = mlflow.load_table(tracking.TABLE, run_ids=[run_id])
+    except Exception:  # a run without the table (failed early, older schema)
+        questions = pd.DataFrame()
+    return LoadedRun(
+        run_id=run_id,
+        name=run.info.run_name or run_id,
+        strategy=tags.get("caprag.strategy", "?"),
+        dataset=tags.get("caprag.dataset", "?"),
+        llm=tags.get("caprag.llm", "?"),
+        metrics=dict(run.data.metrics),
+        questions=questions,
+    )
+
+
+def latest_sweep(experiment_id: str) -> list[str]:
+    """Run ids of the children of the most recent sweep."""
+    parents = mlflow.search_runs(
+        experiment_ids=[experiment_id],
+        filter_string="tags.`caprag.role` = 'sweep'",
+        order_by=["start_time DESC"],
+        max_results=1,
+        output_format="list",
+    )
+    if not parents:
+        return []
+    parent_id = parents[0].info.run_id
+    children = mlflow.search_runs(
+        experiment_ids=[experiment_id],
+        filter_string=f"tags.`mlflow.parentRunId` = '{parent_id}'",
+        order_by=["start_time ASC"],
+        output_format="list",
+    )
+    return [c.info.run_id for c in children]
+
+
+def per_set(run: LoadedRun, metrics: list[str]) -> pd.DataFrame:
+    """Metric means by question set (ok questions only), with the number of questions."""
+    frame = run.questions
+    if frame.empty:
+        return pd.DataFrame()
+    ok = frame[frame["status"] == "ok"]
+    present = [m for m in metrics if m in ok.columns]
+    grouped = ok.groupby("set")[present].mean()
+    grouped["questions"] = frame.groupby("set").size()
+    return grouped
+
+
+def hop_trace(row: pd.Series) -> list[dict[str, Any]]:
+    """The hop list stored with a question row."""
+    value = row.get("trace", "[]")
+    return list(json.loads(value)) if isinstance(value, str) and value else []
