@@ -87,6 +87,7 @@ class OpenAIStub:
     """A chat-completions server on 127.0.0.1 with scripted replies; records every request body.
 
     A reply is {"args": {...}} (a tool call to the requested function), {"content": "text"},
+    {"fill_schema": "text"} (JSON mode: an object fitting the JSON schema written in the prompt),
     {"status": 500} (an HTTP error) or {"malformed": "text"} (tool-call arguments that are not
     JSON).
     """
@@ -136,7 +137,10 @@ class OpenAIStub:
                 "error": {"message": "scripted failure", "type": "server_error"}
             }
         message: dict[str, Any] = {"role": "assistant", "content": None}
-        if "content" in reply:
+        if reply.get("fill_schema"):
+            prompt = "\n".join(str(m.get("content", "")) for m in body.get("messages", []))
+            message["content"] = json.dumps(fill_schema(prompt, str(reply["fill_schema"])))
+        elif "content" in reply:
             message["content"] = reply["content"]
         else:
             name = body.get("tools", [{}])[0].get("function", {}).get("name", "tool")
@@ -193,3 +197,33 @@ class FlakyLLM(OfflineLLM):
         if self.garble_on in question.lower():
             raise StructuredOutputError("SufficiencyDecision", "reply was not JSON: 'Sure!'", 3)
         return await super().analyze(question, documents, searched)
+
+
+def fill_schema(prompt: str, text: str) -> Any:
+    """An object that fits the JSON schema RAGAS writes into its prompt after 'JSON Schema:'."""
+    marker = prompt.find("JSON Schema:")
+    if marker < 0:
+        return {}
+    start = prompt.index("{", marker)
+    schema, _ = json.JSONDecoder().raw_decode(prompt[start:])
+    defs = schema.get("$defs", {})
+
+    def make(node: dict[str, Any]) -> Any:
+        if "$ref" in node:
+            return make(defs[node["$ref"].split("/")[-1]])
+        if "anyOf" in node:
+            return make(node["anyOf"][0])
+        kind = node.get("type")
+        if kind == "object":
+            return {key: make(sub) for key, sub in node.get("properties", {}).items()}
+        if kind == "array":
+            return [make(node.get("items", {"type": "string"}))]
+        if kind == "integer":
+            return 1
+        if kind == "number":
+            return 1.0
+        if kind == "boolean":
+            return True
+        return text
+
+    return make(schema)

@@ -129,3 +129,45 @@ def test_cli_missing_key_message_not_traceback(fixture_env: object) -> None:
     assert done.returncode == 2
     assert "error: CAPRAG_LLM=openai needs an API key" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+async def test_ragas_judge_goes_through_the_openai_compatible_endpoint() -> None:
+    from experiments.judges import RagasJudge
+
+    with OpenAIStub(default={"fill_schema": "A torch burns for one hour."}) as stub:
+        judge = RagasJudge("judge-model", api_key="k", base_url=stub.base_url)
+        values, missing = await judge.score(
+            "How long does a torch burn?",
+            "A torch burns for one hour.",
+            "one hour",
+            ["A torch burns for one hour."],
+            ["A torch burns for one hour."],
+        )
+    assert missing == {}
+    assert set(values) == {
+        "judge_faithfulness",
+        "judge_answer_relevancy",
+        "judge_context_precision",
+    }
+    assert all(0.0 <= v <= 1.0 for v in values.values())
+    assert values["judge_faithfulness"] == 1.0
+    assert {r["model"] for r in stub.requests} == {"judge-model"}
+    assert all(r["response_format"] == {"type": "json_object"} for r in stub.requests)
+
+
+async def test_judge_failures_are_missing_with_reason_not_zero() -> None:
+    from experiments.judges import RagasJudge
+
+    with OpenAIStub(default={"content": "{}"}) as stub:
+        judge = RagasJudge("judge-model", api_key="k", base_url=stub.base_url)
+        values, missing = await judge.score("q", "a", "r", ["c"], ["c"])
+    assert values == {}
+    assert set(missing) == set(RagasJudge.names)
+    assert all("validation error" in reason for reason in missing.values())
+
+
+def test_judge_without_key_is_refused() -> None:
+    from experiments.judges import RagasJudge
+
+    with pytest.raises(MissingAPIKeyError, match="judge=openai"):
+        RagasJudge("m", api_key=None, base_url=None)
