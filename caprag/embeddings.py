@@ -61,6 +61,10 @@ class MiniLMEmbedder(Embedder):
             key.removeprefix("bert."): value.astype(np.float32)
             for key, value in load_file(str(folder / "model.safetensors")).items()
         }
+        # Dense layers multiply by W.T: keep it contiguous once instead of per call.
+        for key in [k for k in self.weights if k.endswith(".weight") and self.weights[k].ndim == 2]:
+            if "embeddings" not in key:
+                self.weights[key] = np.ascontiguousarray(self.weights[key].T)
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self.tokenizer.enable_truncation(self.max_tokens)
         self.tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
@@ -73,7 +77,9 @@ class MiniLMEmbedder(Embedder):
         return normed * self.weights[f"{prefix}.weight"] + self.weights[f"{prefix}.bias"]
 
     def _dense(self, x: FloatArray, prefix: str) -> FloatArray:
-        return x @ self.weights[f"{prefix}.weight"].T + self.weights[f"{prefix}.bias"]
+        weight = self.weights[f"{prefix}.weight"]  # stored transposed: (in, out)
+        flat = x.reshape(-1, x.shape[-1]) @ weight + self.weights[f"{prefix}.bias"]
+        return flat.reshape(*x.shape[:-1], weight.shape[1])
 
     def _forward(self, ids: NDArray[np.int64], mask: NDArray[np.int64]) -> FloatArray:
         w = self.weights
