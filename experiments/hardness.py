@@ -84,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     for path in files:
         result, lines = measure(index, path.stem, load_any(path))
         details += lines
+        if not result.questions:
+            print(f"| {result.name} | 0 (no gold passages) | — | — | — |")
+            continue
         print(
             f"| {result.name} | {result.questions} | {result.recall_at_5:.3f} | "
             f"{result.recall_at_10:.3f} | {result.outside_top_10:.0%} |"

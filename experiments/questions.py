@@ -95,30 +95,48 @@ def _explain(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def load_questions(path: Path | str, set_name: str = "") -> list[GoldQuestion]:
-    """Load a set of single questions (every set but follow_up)."""
+def _parse(set_name: str, value: dict[str, object]) -> GoldQuestion | Conversation:
+    if set_name == "follow_up":
+        turns = value.get("turns")
+        if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
+            raise ValueError("turns: expected a list of question objects")
+        return Conversation.model_validate(
+            {**value, "turns": [{"set": set_name, **t} for t in turns]}
+        )
+    return GoldQuestion.model_validate({"set": set_name, **value})
+
+
+def parse_set(
+    path: Path | str, set_name: str
+) -> tuple[list[tuple[int, GoldQuestion | Conversation]], list[DatasetError]]:
+    """Every valid item with its line number, and an error for every invalid line."""
     path = Path(path)
-    rows: list[GoldQuestion] = []
+    items: list[tuple[int, GoldQuestion | Conversation]] = []
+    errors: list[DatasetError] = []
     for number, value in read_jsonl(path):
         try:
-            rows.append(GoldQuestion.model_validate({"set": set_name, **value}))
+            items.append((number, _parse(set_name, value)))
         except ValidationError as exc:
-            raise DatasetError(path, number, _explain(exc)) from None
-    return rows
+            errors.append(DatasetError(path, number, _explain(exc)))
+        except ValueError as exc:
+            errors.append(DatasetError(path, number, str(exc)))
+    return items, errors
+
+
+def load_questions(path: Path | str, set_name: str = "") -> list[GoldQuestion]:
+    """Load a set of single questions (every set but follow_up); raise on the first bad line."""
+    items, errors = parse_set(path, set_name)
+    if errors:
+        raise errors[0]
+    return [item for _, item in items if isinstance(item, GoldQuestion)]
 
 
 def load_conversations(path: Path | str) -> list[Conversation]:
-    """Load the follow_up set."""
-    path = Path(path)
-    rows: list[Conversation] = []
-    for number, value in read_jsonl(path):
-        try:
-            turns = [{"set": "follow_up", **t} for t in value.get("turns", [])]  # type: ignore[attr-defined]
-            rows.append(Conversation.model_validate({**value, "turns": turns}))
-        except (ValidationError, AttributeError, TypeError) as exc:
-            detail = _explain(exc) if isinstance(exc, ValidationError) else str(exc)
-            raise DatasetError(path, number, detail) from None
-    return rows
+    """Load the follow_up set; raise on the first bad line."""
+    items, errors = parse_set(path, "follow_up")
+    if errors:
+        raise errors[0]
+    return [item for _, item in items if isinstance(item, Conversation)]
 
 
 def set_path(name: str, root: Path = QUESTIONS_DIR) -> Path:
@@ -133,19 +151,3 @@ def content_hash(paths: Sequence[Path]) -> str:
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
-
-
-def check_against_corpus(
-    path: Path, items: Sequence[GoldQuestion | Conversation], passage_ids: set[str]
-) -> list[str]:
-    """Problems (file:line: message) where a gold passage is unknown or an id/question repeats."""
-    problems: list[str] = []
-    lines = {n: v for n, v in read_jsonl(path)}
-    numbers = list(lines)
-    for number, item in zip(numbers, items, strict=True):
-        turns = item.turns if isinstance(item, Conversation) else [item]
-        for turn in turns:
-            for pid in turn.gold_passages:
-                if pid not in passage_ids:
-                    problems.append(f"{path}:{number}: gold passage {pid!r} is not in the corpus")
-    return problems

@@ -16,9 +16,7 @@ from experiments.questions import (
     Conversation,
     DatasetError,
     GoldQuestion,
-    load_conversations,
-    load_questions,
-    read_jsonl,
+    parse_set,
 )
 
 HOPS = {"single_book": (1, 1), "cross_book": (2, 3), "unanswerable": (0, 0), "follow_up": (1, 3)}
@@ -41,15 +39,13 @@ def validate(questions_dir: Path, corpus: Path) -> tuple[list[str], list[str]]:
             problems.append(f"{path}:0: question set {name!r} is missing")
             continue
         try:
-            items: list[GoldQuestion | Conversation] = (
-                list(load_conversations(path))
-                if name == "follow_up"
-                else list(load_questions(path, name))
-            )
-        except DatasetError as exc:
+            parsed, errors = parse_set(path, name)
+        except DatasetError as exc:  # a line that is not JSON at all
             problems.append(str(exc))
             continue
-        numbers = [n for n, _ in read_jsonl(path)]
+        problems += [str(e) for e in errors]
+        numbers = [n for n, _ in parsed]
+        items = [item for _, item in parsed]
         low, high = HOPS[name]
         types: Counter[str] = Counter()
         hops: Counter[int] = Counter()

@@ -51,3 +51,13 @@ def fixture_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 assert "ANONYMIZED_TELEMETRY" in os.environ
+
+
+@pytest.fixture(scope="session")
+def corpus_index(tmp_path_factory: pytest.TempPathFactory) -> PassageIndex:
+    """The bundled Cinderwake corpus, indexed once per session (about a minute on 2 cores)."""
+    from caprag.config import BUNDLED_CORPUS
+
+    index = PassageIndex(tmp_path_factory.mktemp("corpus"), get_embedder("minilm"))
+    index.ingest(load_books(BUNDLED_CORPUS), progress=False)
+    return index

@@ -64,13 +64,24 @@ def test_broken_json_and_missing_field_name_the_line(broken_copy: Path) -> None:
         load_questions(path)
 
 
+def test_every_bad_line_is_reported_not_only_the_first(broken_copy: Path) -> None:
+    path = broken_copy / "single_book.jsonl"
+    lines = path.read_text().splitlines()
+    lines[3] = lines[3].replace('"hops": 1', '"hops": 2')
+    lines[7] = lines[7].replace('"query_type": "', '"query_type": "x', 1)
+    path.write_text("\n".join(lines) + "\n")
+    problems, _ = validate(broken_copy, BUNDLED_CORPUS)
+    assert any(p.startswith(f"{path}:4:") and "hops is 2" in p for p in problems)
+    assert any(p.startswith(f"{path}:8: query_type") for p in problems)
+
+
 def test_duplicate_ids_and_unknown_passages_are_found(broken_copy: Path) -> None:
     path = broken_copy / "single_book.jsonl"
     lines = path.read_text().splitlines()
     lines.append(lines[0])
     lines.append(
         lines[1]
-        .replace('"gold_passages": ["', '"gold_passages": ["x', 1)
+        .replace('"gold_passages": ["core/', '"gold_passages": ["core/x', 1)
         .replace('"id": "', '"id": "new-', 1)
         .replace('?"', '??"', 1)
     )
@@ -78,4 +89,4 @@ def test_duplicate_ids_and_unknown_passages_are_found(broken_copy: Path) -> None
     problems, _ = validate(broken_copy, BUNDLED_CORPUS)
     last = len(lines)
     assert any(p.startswith(f"{path}:{last - 1}: id ") and "repeats" in p for p in problems)
-    assert any(p.startswith(f"{path}:{last}: gold passage 'x") for p in problems)
+    assert any(p.startswith(f"{path}:{last}: gold passage 'core/x") for p in problems)
