@@ -15,13 +15,14 @@ import matplotlib.pyplot as plt
 
 from caprag.config import PROJECT_ROOT
 from experiments.runs import LoadedRun, connect, load_run, per_set
-from experiments.tables import compare_table, markdown_table
+from experiments.tables import compare_table, fmt_cell, markdown_table
 
 REPORTS = PROJECT_ROOT / "reports"
 SET_METRICS = [
     "recall_at_k",
     "all_gold_at_k",
     "mrr",
+    "correct_refusal",
     "f1",
     "hops",
     "llm_calls",
@@ -114,7 +115,7 @@ def write_report(runs: list[LoadedRun], name: str, notes: str = "") -> Path:
                     run.label,
                     str(set_name),
                     f"{values['questions']:.0f}",
-                    *[f"{values.get(m, float('nan')):.4g}" for m in SET_METRICS],
+                    *[fmt_cell(values.get(m)) for m in SET_METRICS],
                 ]
             )
     if rows:

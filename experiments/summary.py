@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from experiments.runs import connect, latest_sweep, load_run, per_set
-from experiments.tables import compare_table, markdown_table
+from experiments.tables import compare_table, fmt_cell, markdown_table
 from experiments.tracking import tracking_uri
 
 SET_METRICS = ["recall_at_k", "all_gold_at_k", "f1", "hops", "tokens", "latency_s"]
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
                     run.label,
                     str(set_name),
                     f"{values['questions']:.0f}",
-                    *[f"{values.get(m, float('nan')):.3f}" for m in SET_METRICS],
+                    *[fmt_cell(values.get(m)) for m in SET_METRICS],
                 ]
             )
     if rows:
