@@ -41,16 +41,35 @@ def artifact_root(uri: str) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def file_lock(key: str) -> Iterator[None]:
+    """A lock shared by the processes of one machine (parallel sweep jobs)."""
+    name = "caprag-" + hashlib.sha256(key.encode()).hexdigest()[:16] + ".lock"
+    with (Path(tempfile.gettempdir()) / name).open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def use_experiment(uri: str, name: str) -> str:
-    """Point MLflow at the store and experiment; create the experiment if needed."""
+    """Point MLflow at the store and experiment; create either if needed.
+
+    Creating a SQLite store runs migrations that race when parallel jobs do it at once, so the
+    first contact with a store is serialised.
+    """
     mlflow.set_tracking_uri(uri)
-    existing = mlflow.get_experiment_by_name(name)
-    if existing is not None:
-        mlflow.set_experiment(experiment_id=existing.experiment_id)
-        return str(existing.experiment_id)
-    experiment_id = mlflow.create_experiment(name, artifact_location=artifact_root(uri))
+    with file_lock(f"store:{uri}"):
+        existing = mlflow.get_experiment_by_name(name)
+        if existing is not None:
+            experiment_id = str(existing.experiment_id)
+        else:
+            experiment_id = str(
+                mlflow.create_experiment(name, artifact_location=artifact_root(uri))
+            )
     mlflow.set_experiment(experiment_id=experiment_id)
-    return str(experiment_id)
+    return experiment_id
 
 
 def git_commit() -> str:
@@ -90,11 +109,7 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
 
 def parent_run(experiment_id: str, sweep_id: str, name: str) -> str:
     """The run that groups a sweep's runs: found by tag, created once (a file lock guards it)."""
-    lock_path = Path(tempfile.gettempdir()) / (
-        "caprag-sweep-" + hashlib.sha256(sweep_id.encode()).hexdigest()[:16] + ".lock"
-    )
-    with lock_path.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with file_lock(f"sweep:{sweep_id}"):
         found = mlflow.search_runs(
             experiment_ids=[experiment_id],
             filter_string=f"tags.`caprag.sweep_id` = '{sweep_id}' and tags.`caprag.role` = 'sweep'",

@@ -170,3 +170,29 @@ def test_openai_without_key_fails_before_any_question(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "needs an API key: set OPENAI_API_KEY" in done.stderr
     assert "questions:" not in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["basic", "joblib"])
+def test_sweep_makes_a_parent_run_with_a_child_per_config(launcher: str, tmp_path: Path) -> None:
+    done = run_cli(
+        "-m",
+        *fixture_overrides(tmp_path),
+        "strategy=multi-hop,multi-question",
+        "dataset=single_book",
+        "tracking.traces=false",
+        "experiment.ragas=false",
+        f"hydra/launcher={launcher}",
+        f"hydra.sweep.dir={tmp_path / 'multirun'}",
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlruns.db'}")
+    runs = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    parents = [r for r in runs if r.data.tags.get("caprag.role") == "sweep"]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
+    assert len(parents) == 1
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
+    assert sorted(c.data.tags["caprag.strategy"] for c in children) == [
+        "multi-hop",
+        "multi-question",
+    ]
