@@ -58,6 +58,11 @@ class Settings(BaseSettings):
     max_hops: int = Field(
         3, ge=1, le=10, validation_alias=AliasChoices("CAPRAG_MAX_HOPS", "max_hops")
     )
+    checkpointer: str = Field(
+        "memory",
+        validation_alias=AliasChoices("CAPRAG_CHECKPOINTER", "checkpointer"),
+        description="'memory' or 'sqlite:PATH' for conversations that survive restarts.",
+    )
 
     @model_validator(mode="after")
     def _key_for_openai(self) -> Settings:

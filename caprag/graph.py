@@ -8,33 +8,15 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 from langgraph.checkpoint.base import BaseCheckpointSaver
-from langgraph.checkpoint.memory import MemorySaver
-from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.graph import END, START, StateGraph
 
+from caprag.checkpoint import make_checkpointer
 from caprag.llm.base import LLM
 from caprag.schemas import AnswerWithSources, Source
 from caprag.state import GraphState
 from caprag.strategies.base import RetrievalStrategy
 
 HISTORY_PAIRS = 20
-CHECKPOINT_TYPES = [
-    ("caprag.schemas", name)
-    for name in (
-        "Question",
-        "Document",
-        "HopTrace",
-        "AnswerWithSources",
-        "CallUsage",
-        "SufficiencyDecision",
-        "RetrievedRef",
-    )
-]
-
-
-def default_checkpointer() -> MemorySaver:
-    """In-memory checkpointer that may restore caprag's own state types (and no others)."""
-    return MemorySaver(serde=JsonPlusSerializer(allowed_msgpack_modules=CHECKPOINT_TYPES))
 
 
 def history_pairs(
@@ -58,6 +40,7 @@ def build_graph(
     *,
     checkpointer: BaseCheckpointSaver[Any] | None = None,
     history_window: int = HISTORY_PAIRS,
+    rewrite_follow_ups: bool = True,
 ) -> Any:
     """Compile the graph; the strategy and LLM are passed in, never read from global config."""
 
@@ -65,7 +48,7 @@ def build_graph(
         """Make the question standalone from the history; no LLM call without history."""
         start = time.perf_counter()
         history = history_pairs(state.messages[:-1], history_window)
-        if not history:
+        if not history or not rewrite_follow_ups:
             return {
                 "main_question": state.question,
                 "rewrite_usage": None,
@@ -122,5 +105,5 @@ def build_graph(
     builder.add_edge("retrieve", "generate")
     builder.add_edge("generate", END)
     return builder.compile(
-        checkpointer=checkpointer if checkpointer is not None else default_checkpointer()
+        checkpointer=checkpointer if checkpointer is not None else make_checkpointer("memory")
     )

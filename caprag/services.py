@@ -9,11 +9,13 @@ from collections.abc import Callable
 from typing import Any
 
 from langchain_core.messages import HumanMessage
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from pydantic import BaseModel, Field
 
+from caprag.checkpoint import close_checkpointer, make_checkpointer
 from caprag.config import Settings, load_settings
 from caprag.errors import EmptyQuestionError
-from caprag.graph import build_graph
+from caprag.graph import HISTORY_PAIRS, build_graph
 from caprag.llm import LLM, OfflineLLM, build_openai_llm
 from caprag.schemas import CallUsage, Document, HopTrace, Source
 from caprag.state import GraphState
@@ -89,10 +91,34 @@ def build_strategy(
 class Pipeline:
     """A compiled graph and the pieces it was built from."""
 
-    def __init__(self, strategy: RetrievalStrategy, llm: LLM, graph: Any | None = None) -> None:
+    def __init__(
+        self,
+        strategy: RetrievalStrategy,
+        llm: LLM,
+        graph: Any | None = None,
+        *,
+        checkpointer: BaseCheckpointSaver[Any] | None = None,
+        rewrite_follow_ups: bool = True,
+        history_window: int = HISTORY_PAIRS,
+    ) -> None:
         self.strategy = strategy
         self.llm = llm
-        self.graph = graph if graph is not None else build_graph(strategy, llm)
+        self.checkpointer = checkpointer or make_checkpointer("memory")
+        self.graph = (
+            graph
+            if graph is not None
+            else build_graph(
+                strategy,
+                llm,
+                checkpointer=self.checkpointer,
+                rewrite_follow_ups=rewrite_follow_ups,
+                history_window=history_window,
+            )
+        )
+
+    async def aclose(self) -> None:
+        """Release the checkpointer's connection, if it has one."""
+        await close_checkpointer(self.checkpointer)
 
     async def ask(self, question: str, thread_id: str | None = None) -> AskResult:
         """Answer one turn on a thread (a new thread when none is given)."""
@@ -136,7 +162,7 @@ def build_pipeline(settings: Settings | None = None, *, ingest: bool = True) -> 
         ingest_path(settings.corpus, settings)
     index = open_index(settings)
     strategy = build_strategy(settings.retrieval_strategy, index, llm, settings)
-    return Pipeline(strategy, llm)
+    return Pipeline(strategy, llm, checkpointer=make_checkpointer(settings.checkpointer))
 
 
 @functools.cache

@@ -310,6 +310,10 @@ def summary_metrics(rows: Sequence[QuestionRow]) -> dict[str, float]:
         value = percentile(latencies, q)
         if value is not None:
             out[f"latency_{label}_s"] = value
+    later = [r.values["recall_at_k"] for r in ok if r.turn > 1 and "recall_at_k" in r.values]
+    if later:
+        out["later_turns_recall_at_k"] = statistics.fmean(later)
+        out["later_turns"] = float(len(later))
     for hops in range(1, MAX_HOPS_REPORTED + 1):
         out[f"share_hops_{hops}"] = (
             sum(1 for r in ok if r.values.get("hops") == hops) / len(ok) if ok else 0.0

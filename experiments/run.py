@@ -98,7 +98,12 @@ def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
     dataset, llm, scorers, index, strategy = build_components(cfg)
     parents = index.parents()
     evaluator = Evaluator(
-        pipeline=Pipeline(strategy, llm),
+        pipeline=Pipeline(
+            strategy,
+            llm,
+            rewrite_follow_ups=cfg.pipeline.rewrite,
+            history_window=cfg.pipeline.history_pairs,
+        ),
         k=cfg.retriever.k,
         scorers=scorers,
         concurrency=cfg.experiment.concurrency,

@@ -76,7 +76,7 @@ def run_table(aggregates: Mapping[str, Aggregate], summary: Mapping[str, float])
         if agg is None:
             continue
         rows.append([label, fmt(agg.mean, name), agg.coverage])
-    for name in ("latency_p50_s", "latency_p95_s"):
+    for name in ("later_turns_recall_at_k", "latency_p50_s", "latency_p95_s"):
         if name in summary:
             rows.append([name.replace("_", " "), fmt(summary[name]), ""])
     rows.append(["failed questions", f"{summary.get('failed', 0):.0f}", ""])
@@ -91,6 +91,7 @@ def compare_table(
     rows = []
     for name, label in (
         *SHOWN,
+        ("later_turns_recall_at_k", "recall@k of follow-up turns 2+"),
         ("latency_p50_s", "latency p50 s"),
         ("latency_p95_s", "latency p95 s"),
         ("failed", "failed questions"),

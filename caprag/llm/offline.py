@@ -24,7 +24,8 @@ T = TypeVar("T")
 REFUSAL = "The rulebooks do not say."
 MIN_ANSWER_OVERLAP = 0.4
 ROW_KEY_BONUS = 0.3
-PRONOUNS = re.compile(r"\b(it|its|it's|this|that|they|them|their|he|she|him|her|one)\b", re.I)
+QUESTION_WORDS = frozenset({"what's", "it's", "i'm", "i've", "how's", "where's", "who's"})
+PRONOUNS = re.compile(r"\b(it|its|it's|they|them|their|he|she|him|her)\b", re.I)
 
 
 class OfflineLLM(LLM):
@@ -157,20 +158,28 @@ def extract_answer(question: str, documents: Sequence[Document]) -> GeneratedAns
     return GeneratedAnswer(answer=" ".join(parts), source_ids=sources)
 
 
+def conversation_topic(questions: Sequence[str]) -> str:
+    """The rule the conversation is about: named by its first question that names one, a
+    multi-word name (a gift, spell or creature) before a single capitalised word."""
+    for question in questions:
+        names = [e for e in entities(question) if len(e) > 2 and e.lower() not in QUESTION_WORDS]
+        if names:
+            longer = [n for n in names if " " in n or "-" in n]
+            return (longer or names)[0]
+    return ""
+
+
 def rewrite_with_history(question: str, history: History) -> str:
     """Deterministic rewrite: resolve a pronoun or an elliptical question to the last named rule."""
     if not history:
         return question
-    topic = ""
-    for past_question, _answer in reversed(history):
-        names = [e for e in entities(past_question) if len(e) > 2]
-        if names:
-            topic = names[-1] if len(names) == 1 else names[0]
-            break
-    if not topic or topic.lower() in question.lower() or entities(question):
+    topic = conversation_topic([q for q, _a in history])
+    if not topic or topic.lower() in question.lower():
         return question
     if PRONOUNS.search(question):
         return PRONOUNS.sub(topic, question, count=1)
+    if entities(question):
+        return question
     trimmed = question.rstrip(" ?")
     trimmed = re.sub(r"^(and|also|so|what about)\s+", "", trimmed, flags=re.I)
     return f"{trimmed} for {topic}?"

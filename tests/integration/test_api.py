@@ -1,0 +1,92 @@
+"""The JSON API and the chat page: threads, validation with clear 4xx messages."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from caprag.api import create_app
+from caprag.llm import OfflineLLM
+from caprag.services import Pipeline
+from caprag.store import PassageIndex
+from caprag.strategies import MultiHopStrategy
+
+
+@pytest.fixture
+def client(fixture_index: PassageIndex) -> Iterator[TestClient]:
+    llm = OfflineLLM()
+    app = create_app(Pipeline(MultiHopStrategy(fixture_index, llm, k=2), llm))
+    with TestClient(app) as test_client:
+        yield test_client
+
+
+def test_ask_without_thread_makes_a_new_isolated_thread(client: TestClient) -> None:
+    first = client.post("/api/ask", json={"question": "What does Old Soldier cost?"}).json()
+    other = client.post("/api/ask", json={"question": "What does it halve?"}).json()
+    assert uuid.UUID(first["thread_id"]) and first["thread_id"] != other["thread_id"]
+    assert other["main_question"] == "What does it halve?"  # no history on a new thread
+    assert first["sources"][0]["passage_id"] == "gifts/old-soldier"
+    assert first["hop_count"] >= 1 and first["prompt_tokens"] > 0 and first["latency_s"] > 0
+
+
+def test_follow_up_on_the_same_thread(client: TestClient) -> None:
+    first = client.post("/api/ask", json={"question": "What does Old Soldier cost?"}).json()
+    second = client.post(
+        "/api/ask",
+        json={"question": "What penalty does it halve?", "thread_id": first["thread_id"]},
+    ).json()
+    assert second["thread_id"] == first["thread_id"]
+    assert second["main_question"] == "What penalty does Old Soldier halve?"
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"question": "   "}, "question: the question is empty"),
+        ({"question": "x" * 4001}, "longer than 4000 characters"),
+        ({"question": "ok?", "thread_id": "not-a-uuid"}, "thread_id must be a UUID"),
+        ({}, "question: Field required"),
+    ],
+)
+def test_bad_input_is_a_clear_4xx(
+    client: TestClient, body: dict[str, object], message: str
+) -> None:
+    response = client.post("/api/ask", json=body)
+    assert response.status_code == 422
+    assert message in response.json()["error"]
+
+
+def test_malformed_json_is_a_clear_4xx_and_the_server_keeps_serving(client: TestClient) -> None:
+    response = client.post(
+        "/api/ask",
+        content=b'{"question": "unterminated',
+        headers={"content-type": "application/json"},
+    )
+    assert response.status_code == 422
+    assert "not valid JSON" in response.json()["error"]
+    assert (
+        client.post("/api/ask", json={"question": "How long does a torch burn?"}).status_code == 200
+    )
+
+
+def test_page_and_fragment(client: TestClient) -> None:
+    page = client.get("/").text
+    assert "/static/vendor/htmx-2.0.11.min.js" in page and "crypto.randomUUID()" in page
+    assert 'name="thread_id"' in page
+    assert client.get("/static/vendor/htmx-2.0.11.min.js").status_code == 200
+    thread = str(uuid.uuid4())
+    fragment = client.post(
+        "/chat", data={"question": "How long does a torch burn?", "thread_id": thread}
+    ).text
+    assert "one hour" in fragment and "Pebble Saga Basics, p. 5" in fragment
+    assert "hop(s)" in fragment and "tokens" in fragment
+    bad = client.post("/chat", data={"question": "x", "thread_id": "nope"})
+    assert bad.status_code == 422
+
+
+def test_openapi_docs_are_served(client: TestClient) -> None:
+    assert client.get("/docs").status_code == 200
+    assert "/api/ask" in client.get("/openapi.json").json()["paths"]
