@@ -18,7 +18,7 @@ STOPWORDS = frozenset(
     one two character characters player players page p tell say long far often""".split()
 )
 WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
-CONNECTORS = {"of", "by", "a", "an", "the", "and", "in", "to", "on"}
+CONNECTORS = {"of", "by", "a", "an", "the", "and", "in", "to", "on", "as"}
 
 
 def stem(word: str) -> str:

@@ -84,8 +84,25 @@ def bench_ingest() -> dict[str, object]:
     return {"rows": rows, "markdown": "\n".join(table)}
 
 
+def bench_api_load() -> dict[str, object]:
+    """50 concurrent conversations × 5 turns against the API server on loopback."""
+    from experiments.loadtest import run_load
+
+    result = run_load(50, 5)
+    return {
+        "markdown": "Offline backend, multi-hop, bundled corpus, one uvicorn worker on 2 cores; "
+        "each conversation names a different rule, then asks 4 follow-ups with pronouns.\n\n"
+        + result.markdown(),
+        "errors": len(result.errors),
+        "cross_talk": len(result.cross_talk),
+        "p50_s": result.quantile(0.5),
+        "p95_s": result.quantile(0.95),
+    }
+
+
 SECTIONS: dict[str, tuple[str, Callable[[], dict[str, object]]]] = {
     "ingest": ("Ingestion of the bundled corpus (5 books)", bench_ingest),
+    "api_load": ("Chat API under load (loopback)", bench_api_load),
 }
 
 
