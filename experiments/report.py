@@ -14,7 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from caprag.config import PROJECT_ROOT
-from experiments.runs import LoadedRun, connect, load_run, per_set
+from experiments.runs import LoadedRun, connect, distinct_labels, load_run, per_set
 from experiments.tables import compare_table, fmt_cell, markdown_table
 
 REPORTS = PROJECT_ROOT / "reports"
@@ -149,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--notes", default="", help="a paragraph placed under the title")
     args = parser.parse_args(argv)
     connect()
-    path = write_report([load_run(r) for r in args.run_ids], args.name, args.notes)
+    runs = [load_run(r) for r in args.run_ids]
+    distinct_labels(runs)
+    path = write_report(runs, args.name, args.notes)
     print(f"wrote {path}")
     return 0
 

@@ -24,10 +24,12 @@ class LoadedRun:
     metrics: dict[str, float]
     questions: pd.DataFrame
 
+    display: str = ""
+
     @property
     def label(self) -> str:
         """Short label for tables and plots."""
-        return f"{self.strategy} ({self.llm})"
+        return self.display or f"{self.strategy} ({self.llm})"
 
     def coverage(self) -> dict[str, str]:
         """metric → 'n/total' from the logged coverage shares."""
@@ -37,6 +39,14 @@ class LoadedRun:
             for name, value in self.metrics.items()
             if name.endswith(".coverage") and value < 1.0
         }
+
+
+def distinct_labels(runs: list[LoadedRun]) -> None:
+    """Use run names as labels where 'strategy (llm)' would not tell runs apart."""
+    seen = [r.label for r in runs]
+    for run in runs:
+        if seen.count(run.label) > 1:
+            run.display = run.name
 
 
 def connect(uri: str | None = None, experiment: str = "caprag") -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from experiments.runs import connect, latest_sweep, load_run, per_set
+from experiments.runs import connect, distinct_labels, latest_sweep, load_run, per_set
 from experiments.tables import compare_table, fmt_cell, markdown_table
 from experiments.tracking import tracking_uri
 
@@ -23,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no runs to compare: run a sweep first (make run)", file=sys.stderr)
         return 2
     runs = [load_run(r) for r in run_ids]
+    distinct_labels(runs)
     print("\n## All questions\n")
     print(compare_table([(r.label, r.metrics, r.coverage()) for r in runs]))
     rows = []
