@@ -6,7 +6,7 @@ export DO_NOT_TRACK := true
 export ANONYMIZED_TELEMETRY := False
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup run demo test lint format bench gate mlflow serve loadtest clean
+.PHONY: setup run demo test lint format bench gate mlflow serve loadtest dashboard clean
 
 setup:
 	@command -v uv >/dev/null 2>&1 || python3 -m pip install --quiet uv
@@ -27,6 +27,9 @@ serve: setup  ## the chat page and JSON API on http://127.0.0.1:8000
 
 loadtest: setup  ## 50 concurrent conversations x 5 turns against the API on loopback
 	$(PY) -m experiments.loadtest --conversations 50 --turns 5
+
+dashboard: setup  ## the Streamlit dashboard on http://127.0.0.1:8501
+	uv run --frozen streamlit run experiments/dashboard/app.py --server.address 127.0.0.1 --browser.gatherUsageStats false
 
 mlflow: setup  ## the MLflow UI on http://127.0.0.1:5000
 	uv run --frozen mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlruns.db --host 127.0.0.1 --port 5000

@@ -100,9 +100,17 @@ def bench_api_load() -> dict[str, object]:
     }
 
 
+def bench_dashboard() -> dict[str, object]:
+    """Dashboard pages at 200 runs × 300 questions per run."""
+    from experiments.bench_dashboard import bench_dashboard as measure
+
+    return measure()
+
+
 SECTIONS: dict[str, tuple[str, Callable[[], dict[str, object]]]] = {
     "ingest": ("Ingestion of the bundled corpus (5 books)", bench_ingest),
     "api_load": ("Chat API under load (loopback)", bench_api_load),
+    "dashboard": ("Dashboard pages with 200 runs × 300 questions", bench_dashboard),
 }
 
 

@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(run_ids)
         + f"\nNext:\n  MLflow UI:  uv run mlflow ui --backend-store-uri {uri} --host 127.0.0.1"
         " --port 5000   → http://127.0.0.1:5000"
+        "\n  Dashboard:  make dashboard   → http://127.0.0.1:8501 (Compare, Trace viewer)"
         "\n  Report:     uv run python -m experiments.report " + " ".join(run_ids)
     )
     return 0

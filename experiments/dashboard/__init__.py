@@ -1,0 +1,1 @@
+"""Streamlit dashboard over the MLflow store: runs, comparisons, hop traces, live questions."""

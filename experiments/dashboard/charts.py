@@ -1,0 +1,67 @@
+"""Plotly figures of the Compare page, built from the frames in data.py."""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
+
+from experiments.dashboard.data import COST, QUALITY, pareto_front
+
+
+def cost_quality(runs: pd.DataFrame, cost: str, quality: str, selected: list[str]) -> go.Figure:
+    """Each run as a point (cost vs quality), the Pareto front as a line, selected runs ringed."""
+    frame = runs.dropna(subset=[cost, quality]).copy()
+    frame["selected"] = frame["run_id"].isin(selected).map({True: "selected", False: "other"})
+    fig = px.scatter(
+        frame,
+        x=cost,
+        y=quality,
+        color="strategy",
+        symbol="selected",
+        symbol_map={"selected": "circle-open-dot", "other": "circle"},
+        hover_name="label",
+        hover_data={"dataset": True, "llm": True, "run_id": True},
+        labels={cost: COST.get(cost, cost), quality: QUALITY.get(quality, quality)},
+    )
+    front = frame[pareto_front(frame, cost, quality)].sort_values(cost)
+    fig.add_trace(
+        go.Scatter(
+            x=front[cost],
+            y=front[quality],
+            mode="lines",
+            name="Pareto front",
+            line={"dash": "dash", "color": "grey"},
+            hoverinfo="skip",
+        )
+    )
+    fig.update_traces(marker={"size": 11})
+    fig.update_layout(height=420, legend_title_text="")
+    return fig
+
+
+def recall_per_hop(curve: pd.DataFrame) -> go.Figure:
+    """Cumulative gold-passage recall after hops 1, 2, 3, one line per run."""
+    fig = px.line(
+        curve,
+        x="hop",
+        y="recall",
+        color="label",
+        line_dash="strategy",
+        markers=True,
+        labels={"recall": "cumulative gold recall", "label": "run"},
+    )
+    fig.update_xaxes(dtick=1)
+    fig.update_yaxes(range=[0, 1.02])
+    fig.update_layout(height=380, legend={"orientation": "h", "y": -0.25})
+    return fig
+
+
+def hop_histogram(hops: pd.DataFrame) -> go.Figure:
+    """How many questions took 1, 2, 3 … hops, bars grouped by run."""
+    fig = px.histogram(
+        hops, x="hops", color="label", barmode="group", labels={"label": "run", "hops": "hops"}
+    )
+    fig.update_xaxes(dtick=1)
+    fig.update_layout(height=380, yaxis_title="questions", legend={"orientation": "h", "y": -0.25})
+    return fig

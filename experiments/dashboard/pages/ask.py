@@ -1,0 +1,78 @@
+"""Ask: answer one question live with a chosen strategy and LLM backend, and show its trace."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import uuid
+
+import streamlit as st
+
+from caprag.config import Settings, load_settings
+from caprag.errors import CapragError
+from caprag.schemas import Document
+from caprag.services import AskResult, Pipeline, build_pipeline
+from experiments.dashboard.trace_view import render_trace, trace_from_result
+
+STRATEGIES = ["multi-hop", "multi-question", "single"]
+TIMEOUT_S = 300
+
+
+@st.cache_resource(show_spinner="Building the pipeline (indexing new books on first use)…")
+def pipeline(key: str, _settings: Settings) -> tuple[Pipeline, dict[str, str]]:
+    """The pipeline for the settings (`key`: them as JSON), and each passage's section title."""
+    built = build_pipeline(_settings)
+    parents: dict[str, Document] = getattr(built.strategy.retriever, "parents", dict)()
+    return built, {pid: doc.section for pid, doc in parents.items()}
+
+
+@st.cache_resource
+def event_loop() -> asyncio.AbstractEventLoop:
+    """One loop for every question, so cached clients never outlive the loop they were bound to."""
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True, name="caprag-ask").start()
+    return loop
+
+
+def ask(built: Pipeline, question: str, thread: str) -> AskResult:
+    """Run the async pipeline on the shared loop and wait for the answer."""
+    future = asyncio.run_coroutine_threadsafe(built.ask(question, thread), event_loop())
+    return future.result(timeout=TIMEOUT_S)
+
+
+st.title("Ask")
+backends = ["offline", "openai"] if os.environ.get("OPENAI_API_KEY") else ["offline"]
+left, right = st.columns(2)
+strategy = left.selectbox("Strategy", STRATEGIES, key="ask_strategy")
+llm = right.selectbox(
+    "LLM backend", backends, key="ask_llm", help="openai is offered when OPENAI_API_KEY is set"
+)
+question = st.text_area("Question", key="ask_question", placeholder="What does … cost at level 3?")
+go, fresh = st.columns([1, 5])
+if fresh.button("New conversation", help="Forget earlier turns (follow-ups are rewritten)"):
+    st.session_state.pop("ask_thread", None)
+    st.session_state.pop("ask_result", None)
+if go.button("Ask", type="primary", key="ask_go"):
+    thread = st.session_state.setdefault("ask_thread", uuid.uuid4().hex)
+    try:
+        settings = load_settings(retrieval_strategy=strategy, llm=llm)
+        built, sections = pipeline(settings.model_dump_json(exclude={"openai_api_key"}), settings)
+        with st.spinner("Answering…"):
+            result = ask(built, question, thread)
+        st.session_state["ask_result"] = (trace_from_result(result, sections), result)
+    except CapragError as exc:
+        st.error(f"{type(exc).__name__}: {exc}")
+    except TimeoutError:
+        st.error(f"No answer within {TIMEOUT_S} s.")
+stored = st.session_state.get("ask_result")
+if stored is None:
+    st.info("Type a question and press Ask. The offline backend needs no key.")
+else:
+    view, result = stored
+    st.caption(
+        f"{result.strategy} · {result.hop_count} hop(s) · {result.prompt_tokens} prompt + "
+        f"{result.completion_tokens} completion tokens · ${result.cost_usd:.6f} · "
+        f"{result.latency_s:.2f} s"
+    )
+    render_trace(view)

@@ -1,0 +1,48 @@
+"""Trace viewer: one question of one run, hop by hop, with the answer next to the gold."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from experiments.dashboard import selection, store
+from experiments.dashboard.data import schema_warning, trace_from_row
+from experiments.dashboard.trace_view import render_trace
+
+st.title("Trace viewer")
+runs = selection.require_runs()
+run = selection.pick_run(runs, key="trace_run")
+st.link_button(
+    "Open this run in the MLflow UI", store.run_url(str(run["experiment_id"]), str(run["run_id"]))
+)
+st.caption(
+    f"run `{run['run_id']}` · {run['strategy']} · {run['dataset']} · {run['llm']} "
+    f"· MLflow UI at {store.ui_base()} (set CAPRAG_MLFLOW_UI to change)"
+)
+warning = schema_warning(run)
+if warning:
+    st.warning(warning)
+table = selection.load_questions(run)
+if table is None:
+    st.stop()
+missing = [c for c in ("question_id", "question", "trace", "gold_ids") if c not in table.columns]
+if missing:
+    st.warning(
+        f"This run's per-question table lacks {', '.join(missing)} (an older schema): "
+        "what it has is shown, the rest is left empty."
+    )
+    table = table.assign(**{c: "" for c in missing if c != "question_id"})
+    table["question_id"] = table.get("question_id", table.index.astype(str))
+sets = sorted(table["set"].astype(str).unique()) if "set" in table.columns else []
+only = st.multiselect("Question set", sets, key="trace_set") if sets else []
+rows = table[table["set"].astype(str).isin(only)] if only else table
+ids = list(rows.index)
+question = st.selectbox(
+    "Question",
+    ids,
+    format_func=lambda i: f"{rows.at[i, 'question_id']!s} — {str(rows.at[i, 'question'])[:90]}",
+    key="trace_question",
+)
+if question is None:
+    st.info("No question matches the filter.")
+    st.stop()
+render_trace(trace_from_row(rows.loc[question]))

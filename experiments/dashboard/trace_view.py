@@ -1,0 +1,100 @@
+"""The hop-by-hop trace of one question, shared by the Trace viewer and Ask pages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from caprag.services import AskResult
+from experiments.dashboard.data import TraceView, hop_documents
+from experiments.evaluate import trace_of
+
+
+def trace_from_result(result: AskResult, sections: dict[str, str]) -> TraceView:
+    """A live answer in the same shape as a logged row (no gold: it was not in a question set)."""
+    sections = {**sections, **{d.passage_id: d.section for d in result.context}}
+    return TraceView(
+        question=result.question,
+        main_question=result.main_question,
+        hops=trace_of(result, sections, []),
+        answer=result.answer,
+        context_ids=[d.passage_id for d in result.context],
+        sections=sections,
+    )
+
+
+def render_trace(view: TraceView) -> None:
+    """Question, each hop, then the answer with its sources beside the gold answer."""
+    st.markdown(f"**Question:** {view.question}")
+    if view.main_question and view.main_question.strip() != view.question.strip():
+        st.markdown(f"**Rewritten as:** {view.main_question}")
+    if view.status != "ok":
+        st.error(f"This question failed: {view.error or view.status}")
+    if not view.hops:
+        st.info("No hop trace was recorded for this question.")
+    pages: dict[str, Any] = {}
+    for hop in view.hops:
+        _render_hop(hop, view.sections, graded=bool(view.gold_ids))
+        pages.update({d.get("passage_id", ""): d.get("page", "") for d in hop.get("documents", [])})
+    st.subheader("Answer")
+    answer, gold = st.columns(2)
+    with answer:
+        st.markdown("**Answer**")
+        st.write(view.answer or "—")
+        st.markdown("**Sources (passages handed to generation)**")
+        sources = _passages(view.context_ids, view.gold_ids, view, pages)
+        st.table(sources if view.gold_ids else sources.drop(columns="gold"))
+    with gold:
+        st.markdown("**Gold answer**")
+        st.write(view.gold_answer or "— (no gold answer for this question)")
+        st.markdown("**Gold passages**")
+        if view.gold_ids:
+            st.table(_passages(view.gold_ids, view.context_ids, view, pages, "in context"))
+        else:
+            st.write("— (none)")
+
+
+def _render_hop(hop: dict[str, Any], sections: dict[str, str], graded: bool) -> None:
+    number = hop.get("hop", "?")
+    new, dup = hop.get("new_documents", 0), hop.get("duplicate_documents", 0)
+    st.subheader(f"Hop {number}")
+    st.caption(
+        f"{new} new, {dup} duplicate documents · {hop.get('prompt_tokens', 0)} prompt + "
+        f"{hop.get('completion_tokens', 0)} completion tokens · "
+        f"${float(hop.get('cost_usd', 0.0)):.6f} · {float(hop.get('latency_s', 0.0)):.2f} s"
+    )
+    st.markdown("**Queries**")
+    st.markdown("\n".join(f"- {q}" for q in hop.get("queries", [])) or "—")
+    docs = hop_documents(hop, sections)
+    if docs.empty:
+        st.write("No documents returned.")
+    else:
+        st.table(docs if graded else docs.drop(columns="gold"))
+    decision = hop.get("decision")
+    if decision:
+        verdict = "sufficient" if decision.get("sufficient") else "not sufficient"
+        st.markdown(f"**Analyzer decision:** {verdict}")
+        if decision.get("reasoning"):
+            st.caption(decision["reasoning"])
+        queries = decision.get("new_queries") or []
+        if queries:
+            st.markdown("**New queries:**\n" + "\n".join(f"- {q}" for q in queries))
+
+
+def _passages(
+    ids: list[str], other: list[str], view: TraceView, pages: dict[str, Any], mark: str = "gold"
+) -> pd.DataFrame:
+    """Passage ids as a table; `mark` ticks those also in `other`."""
+    rows = [
+        {
+            "passage": pid,
+            "book": pid.split("/", 1)[0],
+            "page": pages.get(pid, ""),
+            "section": view.sections.get(pid, ""),
+            mark: "✓" if pid in other else "",
+        }
+        for pid in ids
+    ]
+    return pd.DataFrame(rows, columns=["passage", "book", "page", "section", mark])

@@ -1,0 +1,202 @@
+"""Every dashboard page through Streamlit's AppTest, against stores filled by real harness runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from caprag.config import PROJECT_ROOT
+from experiments.tracking import mlflow
+from tests.conftest import FIXTURE_BOOKS
+from tests.dashboard.conftest import Store
+
+APP = str(PROJECT_ROOT / "experiments" / "dashboard" / "app.py")
+PAGES = ["pages/runs.py", "pages/compare.py", "pages/trace.py", "pages/ask.py"]
+
+
+def open_page(page: str, uri: str, monkeypatch: pytest.MonkeyPatch, **state: object) -> AppTest:
+    """The app pointed at a store, on one page, after its first script pass."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    at = AppTest.from_file(APP, default_timeout=60)
+    for key, value in state.items():
+        at.session_state[key] = value
+    at.run()
+    if page != PAGES[0]:
+        at.switch_page(page).run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def texts(at: AppTest) -> str:
+    """Everything the page wrote as text, for assertions on what a user reads."""
+    parts = [
+        e.value
+        for kind in ("markdown", "caption", "subheader", "header", "title")
+        for e in getattr(at, kind)
+    ]
+    parts += [str(e.value) for kind in ("info", "warning", "error") for e in getattr(at, kind)]
+    return "\n".join(str(p) for p in parts)
+
+
+def select_question(at: AppTest, question_id: str) -> AppTest:
+    """Choose a question of the trace viewer by its id."""
+    box = at.selectbox(key="trace_question")
+    position = next(i for i, o in enumerate(box.options) if o.startswith(f"{question_id} "))
+    return box.select_index(position).run()
+
+
+def test_runs_page_lists_and_filters_runs(harness_store: Store, monkeypatch) -> None:
+    at = open_page(PAGES[0], harness_store.uri, monkeypatch)
+    assert "2 of 2 runs" in texts(at)
+    table = at.dataframe(key="runs_table").value
+    assert set(table["run_id"]) == set(harness_store.runs.values())  # the sweep parent is left out
+    assert set(table["strategy"]) == {"multi-hop", "multi-question"}
+    at.multiselect(key="f_strategy").set_value(["multi-hop"]).run()
+    assert "1 of 2 runs" in texts(at)
+    assert list(at.dataframe(key="runs_table").value["run_id"]) == [harness_store.runs["multi-hop"]]
+    at.multiselect(key="f_strategy").set_value([]).run()
+    at.text_input(key="f_tag").set_value("caprag.llm=openai").run()
+    assert "0 of 2 runs" in texts(at)
+    at.text_input(key="f_tag").set_value("caprag.dataset_hash").run()
+    assert "2 of 2 runs" in texts(at)
+
+
+def test_runs_page_hands_the_selection_to_compare(harness_store: Store, monkeypatch) -> None:
+    chosen = list(harness_store.runs.values())
+    at = open_page(PAGES[0], harness_store.uri, monkeypatch, selected_runs=chosen)
+    assert "Selected: " in texts(at)
+    at.main.button[0].click().run()
+    assert at.title[0].value == "Compare runs" and not at.exception
+    assert at.multiselect(key="compare_runs").value == chosen
+
+
+def test_compare_page_shows_metrics_plots_and_diff(harness_store: Store, monkeypatch) -> None:
+    at = open_page(PAGES[1], harness_store.uri, monkeypatch)
+    hop, question = harness_store.runs["multi-hop"], harness_store.runs["multi-question"]
+    assert set(at.multiselect(key="compare_runs").value) == {hop, question}  # the latest sweep
+    metrics = at.table[0].value
+    mlflow.set_tracking_uri(harness_store.uri)
+    recall = mlflow.get_run(hop).data.metrics["recall_at_k"]
+    hop_column = next(c for c in metrics.columns if hop[:8] in c)
+    assert metrics.loc["gold-passage recall@k", hop_column].startswith(f"{recall:.3f} (")
+    assert metrics.loc["hops (mean)", hop_column] != "—"
+    charts = {e.key for e in at.get("plotly_chart")}
+    assert {"scatter", "recall_curve", "hop_hist"} <= charts
+    assert [h.value for h in at.header] == [
+        "Metrics", "Cost vs quality", "Cumulative gold-passage recall per hop",
+        "Hops per question", "Per-question diff",
+    ]  # fmt: skip
+    at.selectbox(key="diff_a").set_value(hop).run()
+    at.selectbox(key="diff_b").set_value(question).run()
+    at.multiselect(key="outcome").set_value(
+        ["both right", "both wrong", "only A right", "only B right", "not scored"]
+    ).run()
+    diff = at.dataframe[0].value
+    assert len(diff) == 9 and {"hops_a", "hops_b", "right_a", "right_b"} <= set(diff.columns)
+    assert set(diff[diff["set"] == "unanswerable"]["outcome"]) == {"not scored"}
+    at.multiselect(key="qt").set_value(["strategic"]).run()
+    assert set(at.dataframe[0].value["query_type"]) == {"strategic"}
+    at.radio(key="criterion").set_value("f1").run()
+    at.slider(key="threshold").set_value(0.0).run()
+    assert not at.exception
+
+
+def test_trace_viewer_shows_hops_answer_and_gold(harness_store: Store, monkeypatch) -> None:
+    hop_run = harness_store.runs["multi-hop"]
+    at = open_page(PAGES[2], harness_store.uri, monkeypatch, selected_runs=[hop_run])
+    assert at.selectbox(key="trace_run").value == hop_run
+    at = select_question(at, "t-cb-1")
+    shown = texts(at)
+    assert "What penalty does the second attack of a Flurry suffer?" in shown
+    subheaders = [s.value for s in at.subheader]
+    assert "Hop 1" in subheaders and "Hop 2" in subheaders and "Answer" in subheaders
+    assert "Analyzer decision" in shown and "New queries" in shown
+    first_hop = at.table[0].value
+    assert {"book", "page", "score", "seen", "gold"} <= set(first_hop.columns)
+    assert "fighting" in set(first_hop["book"])
+    assert "★ gold" in set(first_hop["gold"])
+    assert "4, halved for an Old Soldier" in shown  # the gold answer
+    gold = at.table[-1].value
+    assert set(gold["passage"]) == {"fighting/flurry", "gifts/old-soldier"}
+    link = at.get("link_button")[0]
+    assert link.proto.url.endswith(f"/runs/{hop_run}") and "#/experiments/" in link.proto.url
+    at = select_question(at, "t-fu-1-2")  # a follow-up: its rewrite is shown
+    assert "Rewritten as:" in texts(at)
+
+
+def test_ask_page_answers_live_with_the_same_trace(
+    harness_store: Store, monkeypatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("CAPRAG_CORPUS", str(FIXTURE_BOOKS))
+    monkeypatch.setenv("CAPRAG_CHROMA_DIR", str(tmp_path / "chroma"))
+    monkeypatch.setenv("CAPRAG_K", "2")  # as in the harness runs: the cross-reference needs hop 2
+    at = open_page(PAGES[3], harness_store.uri, monkeypatch)
+    assert at.selectbox(key="ask_llm").options == ["offline"]  # no OPENAI_API_KEY here
+    at.selectbox(key="ask_strategy").set_value("multi-hop")
+    at.text_area(key="ask_question").set_value(
+        "What penalty does the second attack of a Flurry suffer?"
+    )
+    at.button(key="ask_go").click().run(timeout=180)
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    subheaders = [s.value for s in at.subheader]
+    assert subheaders[:2] == ["Hop 1", "Hop 2"] and "Answer" in subheaders
+    assert "multi-hop · 2 hop(s)" in texts(at) or "multi-hop · 3 hop(s)" in texts(at)
+    assert "fighting" in set(at.table[0].value["book"])
+    sources = at.table[-1].value
+    assert "section" in sources.columns and sources["section"].str.len().gt(0).all()
+
+
+def test_ask_page_rejects_an_empty_question(harness_store: Store, monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("CAPRAG_CORPUS", str(FIXTURE_BOOKS))
+    monkeypatch.setenv("CAPRAG_CHROMA_DIR", str(tmp_path / "chroma"))
+    at = open_page(PAGES[3], harness_store.uri, monkeypatch)
+    at.button(key="ask_go").click().run(timeout=180)
+    assert not at.exception
+    assert "the question is empty" in at.error[0].value
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    assert open_page(PAGES[3], harness_store.uri, monkeypatch).selectbox(key="ask_llm").options == [
+        "offline",
+        "openai",
+    ]
+
+
+@pytest.mark.parametrize("page", PAGES[:3])
+def test_empty_store_says_so_on_every_page(page: str, empty_store: str, monkeypatch) -> None:
+    at = open_page(page, empty_store, monkeypatch)
+    assert "No runs in this MLflow store yet" in at.info[0].value
+
+
+def test_missing_store_file_says_so_and_creates_nothing(tmp_path: Path, monkeypatch) -> None:
+    at = open_page(PAGES[0], f"sqlite:///{tmp_path / 'absent.db'}", monkeypatch)
+    assert "No runs in this MLflow store yet" in at.info[0].value
+    assert not (tmp_path / "absent.db").exists()
+
+
+def test_run_without_questions_table_is_explained(odd_store: Store, monkeypatch) -> None:
+    run_id = odd_store.runs["no-table"]
+    at = open_page(PAGES[2], odd_store.uri, monkeypatch, selected_runs=[run_id])
+    assert any(f"Run {run_id} has no per-question table" in i.value for i in at.info)
+    at = open_page(
+        PAGES[1], odd_store.uri, monkeypatch, selected_runs=list(odd_store.runs.values())
+    )
+    assert any("has no per-question table" in i.value for i in at.info)
+    assert any("needs two runs with a per-question table" in i.value for i in at.info)
+
+
+def test_older_schema_run_is_flagged_not_crashed(odd_store: Store, monkeypatch) -> None:
+    run_id = odd_store.runs["old"]
+    at = open_page(PAGES[2], odd_store.uri, monkeypatch, selected_runs=[run_id])
+    warnings = " ".join(w.value for w in at.warning)
+    assert f"Run {run_id} has no `caprag.schema` tag" in warnings
+    assert "lacks trace, gold_ids" in warnings
+    assert "Old question one?" in texts(at) and "No hop trace was recorded" in texts(at)
+    at = open_page(PAGES[0], odd_store.uri, monkeypatch)
+    table = at.dataframe(key="runs_table").value
+    assert table.set_index("run_id").loc[run_id, "dataset"] == "?"
+    at = open_page(
+        PAGES[1], odd_store.uri, monkeypatch, selected_runs=list(odd_store.runs.values())
+    )
+    assert any("no `caprag.schema` tag" in w.value for w in at.warning)
+    assert at.table[0].value.loc["gold-passage recall@k"].tolist().count("—") == 1

@@ -1,0 +1,178 @@
+"""The dashboard in a real browser: `streamlit run` as a subprocess, driven in Debian's chromium."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page
+
+from caprag.config import PROJECT_ROOT
+from tests.conftest import FIXTURE_BOOKS
+from tests.dashboard.conftest import Store
+
+pytestmark = pytest.mark.browser
+APP = PROJECT_ROOT / "experiments" / "dashboard" / "app.py"
+SHOTS = PROJECT_ROOT / "reports" / "screenshots"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
+START_TIMEOUT_S = 60
+TEXT_TIMEOUT_MS = 60_000
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server(harness_store: Store, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The dashboard served on a free port against the harness store; always stopped."""
+    port = free_port()
+    tmp = tmp_path_factory.mktemp("browser")
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": harness_store.uri,
+        "CAPRAG_CORPUS": str(FIXTURE_BOOKS),
+        "CAPRAG_CHROMA_DIR": str(tmp / "chroma"),
+        "CAPRAG_K": "2",
+    }
+    env.pop("OPENAI_API_KEY", None)
+    command = [
+        sys.executable, "-m", "streamlit", "run", str(APP),
+        "--server.headless", "true", "--server.address", "127.0.0.1",
+        "--server.port", str(port), "--browser.gatherUsageStats", "false",
+    ]  # fmt: skip
+    with (tmp / "streamlit.log").open("w") as log:
+        process = subprocess.Popen(
+            command, cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        try:
+            base = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while True:
+                try:
+                    if httpx.get(f"{base}/_stcore/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if process.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"streamlit did not start: {(tmp / 'streamlit.log').read_text()}")
+                time.sleep(0.5)
+            yield base
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """Debian's chromium driven by Playwright (skipped only where chromium is not installed)."""
+    executable = shutil.which("chromium")
+    if executable is None:
+        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+def visit(browser: Browser, url: str, wait_for: str, height: int = 1400) -> Page:
+    """A fresh page at url, once `wait_for` is visible and Streamlit has finished running."""
+    page = browser.new_page(viewport={"width": 1400, "height": height})
+    page.goto(url)
+    page.get_by_text(wait_for, exact=False).first.wait_for(timeout=TEXT_TIMEOUT_MS)
+    settle(page)
+    return page
+
+
+def settle(page: Page) -> None:
+    """Wait until the script run is over (no running indicator), then a moment for charts."""
+    page.wait_for_function(
+        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')",
+        timeout=TEXT_TIMEOUT_MS,
+    )
+    page.wait_for_timeout(1000)
+
+
+def choose(page: Page, box: int, typed: str) -> None:
+    """Pick the option of the box-th select box that matches what is typed."""
+    page.locator("[data-testid='stSelectbox']").nth(box).click()
+    page.keyboard.type(typed)
+    page.keyboard.press("Enter")
+
+
+def shoot(page: Page, name: str) -> Path:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    path = SHOTS / f"dashboard-{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+def test_runs_page(server: str, browser: Browser, harness_store: Store) -> None:
+    page = visit(browser, server, "2 of 2 runs")
+    assert page.get_by_text("Started between").is_visible()
+    assert page.locator("[data-testid='stDataFrame']").is_visible()
+    assert shoot(page, "runs").stat().st_size > 10_000
+
+
+def test_compare_page(server: str, browser: Browser, harness_store: Store) -> None:
+    page = visit(browser, f"{server}/compare", "Per-question diff", height=3600)
+    page.locator(".js-plotly-plot").nth(2).wait_for(timeout=TEXT_TIMEOUT_MS)
+    assert page.locator(".js-plotly-plot").count() == 3
+    table = page.locator("[data-testid='stTable']").first
+    assert table.get_by_text("gold-passage recall@k").is_visible()
+    assert table.get_by_text(harness_store.runs["multi-hop"][:8], exact=False).is_visible()
+    shoot(page, "compare")
+
+
+def test_trace_page(server: str, browser: Browser, harness_store: Store) -> None:
+    run_id = harness_store.runs["multi-hop"]
+    page = visit(browser, f"{server}/trace", "Hop 1", height=2600)
+    choose(page, 0, ":multi-hop:")
+    page.get_by_text(run_id).first.wait_for(timeout=TEXT_TIMEOUT_MS)
+    settle(page)
+    choose(page, 1, "t-cb-1")
+    page.get_by_text("What penalty does the second attack of a Flurry suffer?").first.wait_for()
+    page.get_by_text("Hop 2").wait_for(timeout=TEXT_TIMEOUT_MS)
+    settle(page)
+    tables = page.locator("[data-testid='stTable']")
+    assert tables.filter(has_text="fighting/flurry").first.is_visible()
+    assert tables.first.get_by_text("fighting", exact=True).first.is_visible()
+    assert page.get_by_text("★ gold").first.is_visible()
+    link = page.get_by_role("link", name="Open this run in the MLflow UI")
+    assert link.get_attribute("href", timeout=5000).endswith(f"/runs/{run_id}")
+    shoot(page, "trace")
+
+
+def test_ask_page(server: str, browser: Browser) -> None:
+    page = visit(browser, f"{server}/ask", "Type a question and press Ask", height=2200)
+    page.get_by_label("Question").fill("What penalty does the second attack of a Flurry suffer?")
+    page.get_by_role("button", name="Ask", exact=True).click()
+    page.get_by_text("Hop 2").wait_for(timeout=180_000)
+    settle(page)
+    assert page.get_by_text("Analyzer decision").first.is_visible()
+    assert page.locator("[data-testid='stTable']").first.get_by_text("fighting").first.is_visible()
+    shoot(page, "ask")

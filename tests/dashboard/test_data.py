@@ -1,0 +1,165 @@
+"""The dashboard's pure functions: Pareto front, per-question diff, run filtering, tables."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import pandas as pd
+import pytest
+
+from experiments.dashboard import data
+
+
+def raw_runs() -> pd.DataFrame:
+    """A search_runs-shaped frame: a sweep parent, two children, and one older-schema run."""
+    return pd.DataFrame(
+        {
+            "run_id": ["p", "a", "b", "old"],
+            "experiment_id": ["1"] * 4,
+            "status": ["FINISHED"] * 4,
+            "start_time": pd.to_datetime(
+                ["2026-01-02", "2026-01-02", "2026-01-03", "2025-06-01"], utc=True
+            ),
+            "tags.mlflow.runName": ["sweep compare", "x:multi-hop", "x:single", None],
+            "tags.caprag.role": ["sweep", None, None, None],
+            "tags.mlflow.parentRunId": [None, "p", "p", None],
+            "tags.caprag.strategy": [None, "multi-hop", "single", "multi-hop"],
+            "tags.caprag.dataset": [None, "cross_book", "cross_book", None],
+            "tags.caprag.llm": [None, "offline", "openai", "offline"],
+            "tags.caprag.schema": [None, "1", "1", None],
+            "metrics.recall_at_k": [None, 0.9, 0.6, 0.5],
+            "metrics.recall_at_k.coverage": [None, 0.8, 1.0, None],
+            "metrics.questions": [None, 10.0, 10.0, 4.0],
+            "metrics.recall_hop1": [None, 0.5, 0.6, None],
+            "metrics.recall_hop2": [None, 0.9, 0.6, None],
+        }
+    )
+
+
+def test_runs_frame_drops_sweep_parents_and_fills_missing_tags() -> None:
+    runs = data.runs_frame(raw_runs())
+    assert list(runs["run_id"]) == ["b", "a", "old"]  # newest first, parent gone
+    old = runs[runs["run_id"] == "old"].iloc[0]
+    assert old["dataset"] == "?" and old["name"] == "old"
+    assert runs.set_index("run_id").loc["a", "sweep"] == "sweep compare"
+    assert data.schema_warning(old) is not None
+    assert data.schema_warning(runs.iloc[0]) is None
+    assert data.default_comparison(runs) == ["b", "a"]
+
+
+def test_runs_frame_of_an_empty_store_has_the_columns_pages_use() -> None:
+    runs = data.runs_frame(pd.DataFrame())
+    assert runs.empty and {"run_id", "label", "strategy"} <= set(runs.columns)
+
+
+@pytest.mark.parametrize(
+    ("filters", "expected"),
+    [
+        ({}, {"a", "b", "old"}),
+        ({"strategies": ["multi-hop"]}, {"a", "old"}),
+        ({"datasets": ["cross_book"], "llms": ["openai"]}, {"b"}),
+        ({"since": dt.date(2026, 1, 1)}, {"a", "b"}),
+        ({"until": dt.date(2026, 1, 2)}, {"a", "old"}),
+        ({"tag": "caprag.schema=1"}, {"a", "b"}),
+        ({"tag": "caprag.schema"}, {"a", "b"}),
+        ({"tag": "tags.caprag.llm = offline"}, {"a", "old"}),
+        ({"tag": "no.such.tag"}, set()),
+    ],
+)
+def test_filter_runs(filters: dict[str, object], expected: set[str]) -> None:
+    runs = data.runs_frame(raw_runs())
+    assert set(data.filter_runs(runs, **filters)["run_id"]) == expected  # type: ignore[arg-type]
+
+
+def test_pareto_front_keeps_only_undominated_points() -> None:
+    frame = pd.DataFrame(
+        {
+            "tokens": [100, 200, 150, 300, 50, 400, None],
+            "recall": [0.5, 0.8, 0.4, 0.8, 0.5, 0.9, 1.0],
+        },
+        index=list("abcdefg"),
+    )
+    front = data.pareto_front(frame, "tokens", "recall")
+    # a is beaten by e (same recall, cheaper); c by a; d ties b on recall at higher cost;
+    # g has no cost and cannot be placed.
+    assert list(front[front].index) == ["b", "e", "f"]
+    assert not data.pareto_front(frame, "cost_usd", "recall").any()
+
+
+def questions(rows: list[dict[str, object]]) -> pd.DataFrame:
+    base = {"case_id": "", "turn": 1, "set": "cross_book", "query_type": "factual", "status": "ok"}
+    return pd.DataFrame([{**base, "case_id": r["question_id"], **r} for r in rows])
+
+
+def test_question_diff_lists_who_got_what_right_with_hops() -> None:
+    a = questions(
+        [
+            {"question_id": "q1", "question": "one", "all_gold_at_k": 1.0, "f1": 0.9, "hops": 2},
+            {"question_id": "q2", "question": "two", "all_gold_at_k": 0.0, "f1": 0.6, "hops": 3},
+            {"question_id": "q3", "question": "three", "set": "unanswerable", "hops": 1},
+            {"question_id": "q4", "question": "four", "all_gold_at_k": 1.0, "f1": 0.1, "hops": 1},
+        ]
+    )
+    b = questions(
+        [
+            {"question_id": "q1", "all_gold_at_k": 0.0, "f1": 0.2, "hops": 1},
+            {"question_id": "q2", "all_gold_at_k": 1.0, "f1": 0.1, "hops": 1},
+            {"question_id": "q3", "set": "unanswerable", "hops": 1},
+            {"question_id": "q4", "status": "failed", "hops": float("nan")},
+        ]
+    )
+    diff = data.question_diff(a, b).set_index("question_id")
+    assert diff["outcome"].to_dict() == {
+        "q1": "only A right",
+        "q2": "only B right",
+        "q3": "not scored",
+        "q4": "only A right",  # a failed question is wrong
+    }
+    assert diff.loc["q1", ["hops_a", "hops_b"]].tolist() == [2, 1]
+    assert diff.loc["q1", "question"] == "one"
+    by_f1 = data.question_diff(a, b, "f1", threshold=0.5).set_index("question_id")["outcome"]
+    assert by_f1.to_dict() == {
+        "q1": "only A right",
+        "q2": "only A right",
+        "q3": "not scored",
+        "q4": "both wrong",
+    }
+
+
+def test_question_diff_of_older_tables() -> None:
+    old = pd.DataFrame({"question_id": ["q1"], "recall_at_k": [1.0]})
+    new = questions([{"question_id": "q1", "all_gold_at_k": 0.0}])
+    diff = data.question_diff(old, new)
+    assert diff.loc[0, "outcome"] == "only A right"  # recall 1 ⇔ all gold when the column is absent
+    assert data.question_diff(pd.DataFrame({"x": [1]}), new).empty
+
+
+def test_metric_table_states_coverage_and_dashes_missing() -> None:
+    runs = data.runs_frame(raw_runs())
+    table = data.metric_table(runs)
+    row = table.loc["gold-passage recall@k"]
+    assert row.tolist() == ["0.600", "0.900 (8/10)", "0.500"]
+    hop2 = table.loc["cumulative recall after hop 2"]
+    assert hop2.tolist() == ["0.600", "0.900", "—"]
+
+
+def test_recall_curve_has_a_point_per_logged_hop() -> None:
+    curve = data.recall_curve(data.runs_frame(raw_runs()))
+    assert len(curve) == 4 and set(curve["hop"]) == {1, 2}
+    a = curve[curve["label"].str.contains("multi-hop")]
+    assert a.sort_values("hop")["recall"].tolist() == [0.5, 0.9]
+
+
+def test_trace_from_row_decodes_json_and_tolerates_missing_columns() -> None:
+    doc = {"passage_id": "b/x", "book_id": "b", "page": 3, "score": 0.5, "section": "X"}
+    hop = {"hop": 1, "queries": ["q"], "documents": [{**doc, "new": False, "gold": True}]}
+    row = pd.Series({"question": "Q?", "trace": json.dumps([hop]), "context_ids": '["b/x"]'})
+    view = data.trace_from_row(row)
+    assert view.hops[0]["queries"] == ["q"] and view.context_ids == ["b/x"]
+    assert view.gold_ids == [] and view.sections == {"b/x": "X"}
+    docs = data.hop_documents(view.hops[0], view.sections)
+    assert docs.iloc[0].to_dict() == {
+        "passage": "b/x", "book": "b", "page": 3, "section": "X", "score": 0.5,
+        "seen": "duplicate", "gold": "★ gold",
+    }  # fmt: skip
