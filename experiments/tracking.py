@@ -30,8 +30,12 @@ logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
 def tracking_uri(configured: str | None = None) -> str:
-    """MLFLOW_TRACKING_URI, else the configured URI, else the project's SQLite file."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or configured or DEFAULT_URI
+    """The configured URI, else MLFLOW_TRACKING_URI, else the project's SQLite file.
+
+    An explicit `tracking.uri` wins over the environment: `mlflow.set_tracking_uri` writes
+    MLFLOW_TRACKING_URI into this process's environment, so the variable may be stale.
+    """
+    return configured or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
 
 
 def artifact_root(uri: str) -> str | None:
