@@ -125,14 +125,16 @@ class PassageIndex:
                 " (set CAPRAG_CHROMA_DIR to a writable folder)"
             ) from None
         try:
-            client = chromadb.PersistentClient(
-                path=str(self.path), settings=Settings(anonymized_telemetry=False)
-            )
-            collection = client.get_or_create_collection(
-                f"children-{self.key}",
-                embedding_function=None,
-                metadata={"hnsw:space": "cosine"},
-            )
+            # Creating a store's tables races when parallel jobs open a new store at once.
+            with self._lock("open"):
+                client = chromadb.PersistentClient(
+                    path=str(self.path), settings=Settings(anonymized_telemetry=False)
+                )
+                collection = client.get_or_create_collection(
+                    f"children-{self.key}",
+                    embedding_function=None,
+                    metadata={"hnsw:space": "cosine"},
+                )
         except Exception as exc:  # chromadb raises many types; report them as one
             raise VectorStoreError(f"cannot open Chroma store at {self.path}: {exc}") from exc
         return client, collection
@@ -184,13 +186,13 @@ class PassageIndex:
         self, books: Sequence[Book], *, prune: bool = False, progress: bool = True
     ) -> IngestReport:
         """Add new or changed books, skip unchanged ones (by content hash), optionally prune."""
-        with self._lock():
+        with self._lock(f"ingest-{self.key}"):
             return self._ingest(books, prune=prune, progress=progress)
 
     @contextlib.contextmanager
-    def _lock(self) -> Iterator[None]:
-        """One ingest at a time per store, across processes (parallel sweep jobs share a store)."""
-        with (self.path / f".ingest-{self.key}.lock").open("w") as handle:
+    def _lock(self, name: str) -> Iterator[None]:
+        """One holder at a time per store, across processes (parallel sweep jobs share a store)."""
+        with (self.path / f".{name}.lock").open("w") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
                 yield
