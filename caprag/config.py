@@ -13,7 +13,7 @@ from caprag.errors import ConfigError, MissingAPIKeyError
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 BUNDLED_CORPUS = PROJECT_ROOT / "datasets" / "books"
 
-StrategyName = Literal["multi-hop", "multi-question", "single"]
+StrategyName = Literal["adaptive", "multi-hop", "multi-question", "single"]
 LLMName = Literal["offline", "openai"]
 EmbeddingName = Literal["minilm", "wordllama"]
 StructuredMethod = Literal["function_calling", "json_schema", "json_mode"]

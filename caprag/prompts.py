@@ -75,7 +75,38 @@ REWRITE = Prompt(
     user="Conversation history:\n{history}\n\nFollow-up question: {question}",
 )
 
-ALL_PROMPTS = (EXPAND, ANALYZE, GENERATE, REWRITE)
+CLASSIFY = Prompt(
+    name="classify",
+    version="classify-v1",
+    system=(
+        "You sort questions about tabletop role-playing rulebooks by how much reading they need.\n"
+        "- factual: asks for one fact, number or definition ('How long does a torch burn?').\n"
+        "- operational: asks how to carry out a procedure, step by step ('How do I resolve a "
+        "charge?').\n"
+        "- decision: asks whether something is allowed, or to choose between options ('Can I "
+        "dodge after a Flurry?', 'Is a charge or a flurry better here?').\n"
+        "- strategic: asks to plan, build, combine or optimize across several rules ('What is "
+        "the best way to build a fighter around Old Soldier?').\n"
+        "Return query_type and one sentence of reasoning."
+    ),
+    user="Question: {question}",
+)
+
+ASSESS = Prompt(
+    name="assess",
+    version="assess-v1",
+    system=(
+        "You judge whether retrieved rulebook passages are enough to answer a question fully.\n"
+        "Give a confidence from 0.0 (nothing useful) to 1.0 (every fact the answer needs is in "
+        "the passages). Lower it for parts of the question no passage covers, for cross-references "
+        "such as 'see Combat, p. 41' whose target passage is missing, and for passages from an "
+        "older edition when a newer one is present. List what is missing in missing_info (at most "
+        "{max_missing} short items) and give one or two sentences of reasoning."
+    ),
+    user="Question: {question}\n\nPassages:\n{passages}",
+)
+
+ALL_PROMPTS = (EXPAND, ANALYZE, GENERATE, REWRITE, CLASSIFY, ASSESS)
 
 
 def prompt_versions() -> dict[str, str]:

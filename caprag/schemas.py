@@ -77,6 +77,33 @@ class SufficiencyDecision(BaseModel):
         return [q.strip() for q in value if q.strip()]
 
 
+QueryType = Literal["factual", "operational", "decision", "strategic"]
+
+
+class QueryClass(BaseModel):
+    """The kind of question: it sets the depth retrieval starts at and the confidence it needs."""
+
+    query_type: QueryType = Field(
+        description="factual (one fact), operational (a procedure), decision (choose or judge "
+        "whether something is allowed), strategic (plan or combine several rules)."
+    )
+    reasoning: str = Field(default="", max_length=1000, description="One sentence why.")
+
+
+class ConfidenceAssessment(BaseModel):
+    """How fully the gathered passages answer the question (0-1), and what they lack."""
+
+    confidence: float = Field(
+        ge=0.0, le=1.0, description="0.0 (nothing useful) to 1.0 (everything needed is there)."
+    )
+    reasoning: str = Field(default="", max_length=2000, description="One or two sentences why.")
+    missing_info: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_QUERIES,
+        description="Facts or cross-referenced rules the passages do not contain.",
+    )
+
+
 class GeneratedAnswer(BaseModel):
     """What the generator returns: the answer text and the passage ids it relied on."""
 
@@ -137,6 +164,23 @@ class HopTrace(BaseModel):
     decision: SufficiencyDecision | None = None
     usage: list[CallUsage] = Field(default_factory=list)
     latency_s: float = 0.0
+    # Adaptive depth only (None for the other strategies): one hop is one iteration.
+    depth: int | None = Field(default=None, description="Depth level searched (1, 2, 3).")
+    chunks: int | None = Field(default=None, description="Passages in the context after the hop.")
+    context_tokens: int | None = Field(default=None, description="Tokens of those passages.")
+    confidence: float | None = Field(default=None, description="Confidence after the hop, 0-1.")
+    confidence_signals: dict[str, float] | None = Field(
+        default=None, description="Heuristic parts: relevance, recency, diversity, completeness."
+    )
+    missing_info: list[str] | None = Field(default=None, description="What the context lacks.")
+    threshold: float | None = Field(default=None, description="Confidence the query type needs.")
+    query_type: str | None = Field(default=None, description="factual/operational/decision/...")
+    adaptive_decision: str | None = Field(
+        default=None,
+        description="increase_depth, sufficient, forced_depth or budget_exhausted:<budget>.",
+    )
+    warning: str | None = Field(default=None, description="Stopped below the threshold: why.")
+    hint: str | None = Field(default=None, description="Forced depth below threshold: advice.")
 
     @property
     def prompt_tokens(self) -> int:

@@ -120,13 +120,16 @@ class Pipeline:
         """Release the checkpointer's connection, if it has one."""
         await close_checkpointer(self.checkpointer)
 
-    async def ask(self, question: str, thread_id: str | None = None) -> AskResult:
-        """Answer one turn on a thread (a new thread when none is given)."""
+    async def ask(
+        self, question: str, thread_id: str | None = None, power: int | None = None
+    ) -> AskResult:
+        """Answer one turn on a thread (a new thread when none is given); `power` forces the
+        retrieval depth of strategies that have one (adaptive) for this turn only."""
         text = validate_question(question)
         thread = thread_id or str(uuid.uuid4())
         start = time.perf_counter()
         out = await self.graph.ainvoke(
-            {"question": text, "messages": [HumanMessage(text)]},
+            {"question": text, "messages": [HumanMessage(text)], "power": power},
             {"configurable": {"thread_id": thread}},
         )
         state = GraphState(**out)
@@ -171,7 +174,9 @@ def default_pipeline() -> Pipeline:
     return build_pipeline()
 
 
-async def ask_question(question: str, thread_id: str | None = None) -> AskResult:
+async def ask_question(
+    question: str, thread_id: str | None = None, power: int | None = None
+) -> AskResult:
     """Answer a question with the pipeline the environment configures."""
     validate_question(question)
-    return await default_pipeline().ask(question, thread_id)
+    return await default_pipeline().ask(question, thread_id, power)

@@ -29,6 +29,9 @@ class GraphState:
     main_question: str = ""
     """The standalone form of the question that retrieval searches with."""
 
+    power: int | None = None
+    """Retrieval depth forced for this turn (1-3) by the caller; None lets the strategy decide."""
+
     rewrite_usage: CallUsage | None = None
     """Cost of the rewrite call, when history made one necessary."""
 

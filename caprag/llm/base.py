@@ -7,7 +7,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from caprag.schemas import CallUsage, Document, GeneratedAnswer, SufficiencyDecision
+from caprag.schemas import (
+    CallUsage,
+    ConfidenceAssessment,
+    Document,
+    GeneratedAnswer,
+    QueryClass,
+    SufficiencyDecision,
+)
 
 T = TypeVar("T")
 History = Sequence[tuple[str, str]]
@@ -22,7 +29,7 @@ class LLMResult(Generic[T]):
 
 
 class LLM(ABC):
-    """The pipeline's four LLM steps; strategies receive an instance and never build one."""
+    """The pipeline's LLM steps; strategies receive an instance and never build one."""
 
     backend: str
     model: str
@@ -46,6 +53,16 @@ class LLM(ABC):
     @abstractmethod
     async def rewrite(self, question: str, history: History) -> LLMResult[str]:
         """Turn a follow-up into a standalone question using the conversation history."""
+
+    @abstractmethod
+    async def classify(self, question: str) -> LLMResult[QueryClass]:
+        """Sort the question into factual, operational, decision or strategic."""
+
+    @abstractmethod
+    async def assess(
+        self, question: str, documents: Sequence[Document]
+    ) -> LLMResult[ConfidenceAssessment]:
+        """Rate 0-1 how fully the documents answer the question, and name what is missing."""
 
 
 def format_passages(documents: Sequence[Document]) -> str:

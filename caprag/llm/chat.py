@@ -14,8 +14,17 @@ from caprag import analyzer
 from caprag.errors import LLMCallError, StructuredOutputError
 from caprag.llm.base import LLM, History, LLMResult, format_history, format_passages
 from caprag.llm.usage import count_tokens, price
-from caprag.prompts import ANALYZE, EXPAND, GENERATE, REWRITE, Prompt
-from caprag.schemas import CallUsage, Document, GeneratedAnswer, Questions, SufficiencyDecision
+from caprag.prompts import ANALYZE, ASSESS, CLASSIFY, EXPAND, GENERATE, REWRITE, Prompt
+from caprag.schemas import (
+    MAX_QUERIES,
+    CallUsage,
+    ConfidenceAssessment,
+    Document,
+    GeneratedAnswer,
+    QueryClass,
+    Questions,
+    SufficiencyDecision,
+)
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -157,6 +166,23 @@ class ChatModelLLM(LLM):
         text = _raw_text(raw).strip().strip('"').strip()
         usage = self._usage("rewrite", REWRITE, self.rewrite_model, messages, raw, t0)
         return LLMResult(value=text or question, usage=usage)
+
+    async def classify(self, question: str) -> LLMResult[QueryClass]:
+        """Ask for a QueryClass."""
+        return await self._structured("classify", CLASSIFY, QueryClass, question=question)
+
+    async def assess(
+        self, question: str, documents: Sequence[Document]
+    ) -> LLMResult[ConfidenceAssessment]:
+        """Ask for a ConfidenceAssessment (a confidence outside 0-1 is a parse failure)."""
+        return await self._structured(
+            "assess",
+            ASSESS,
+            ConfidenceAssessment,
+            question=question,
+            passages=format_passages(documents) or "(none)",
+            max_missing=str(MAX_QUERIES),
+        )
 
 
 def _raw_text(raw: Any) -> str:

@@ -14,10 +14,20 @@ from collections.abc import Sequence
 from typing import TypeVar
 
 from caprag import analyzer
+from caprag.classify import classify_question
+from caprag.confidence import heuristic_confidence
 from caprag.llm.base import LLM, History, LLMResult, format_history, format_passages
 from caprag.llm.usage import count_tokens, price
-from caprag.prompts import ANALYZE, EXPAND, GENERATE, REWRITE, Prompt
-from caprag.schemas import CallUsage, Document, GeneratedAnswer, SufficiencyDecision
+from caprag.prompts import ANALYZE, ASSESS, CLASSIFY, EXPAND, GENERATE, REWRITE, Prompt
+from caprag.schemas import (
+    MAX_QUERIES,
+    CallUsage,
+    ConfidenceAssessment,
+    Document,
+    GeneratedAnswer,
+    QueryClass,
+    SufficiencyDecision,
+)
 from caprag.text import entities, references, sentences, terms
 
 T = TypeVar("T")
@@ -98,6 +108,26 @@ class OfflineLLM(LLM):
         standalone = rewrite_with_history(question, history)
         text = REWRITE.text(question=question, history=format_history(history))
         return self._result("rewrite", REWRITE, text, standalone, standalone, t0)
+
+    async def classify(self, question: str) -> LLMResult[QueryClass]:
+        """Phrase rules (caprag.classify): procedure, choice and plan wording."""
+        t0 = time.perf_counter()
+        value = classify_question(question)
+        text = CLASSIFY.text(question=question)
+        return self._result("classify", CLASSIFY, text, value, value.model_dump_json(), t0)
+
+    async def assess(
+        self, question: str, documents: Sequence[Document]
+    ) -> LLMResult[ConfidenceAssessment]:
+        """The heuristic confidence (caprag.confidence), costed as if the prompt had been sent."""
+        t0 = time.perf_counter()
+        value = heuristic_confidence(question, documents).assessment()
+        text = ASSESS.text(
+            question=question,
+            passages=format_passages(documents),
+            max_missing=str(MAX_QUERIES),
+        )
+        return self._result("assess", ASSESS, text, value, value.model_dump_json(), t0)
 
 
 def _row_key(row: str) -> str:

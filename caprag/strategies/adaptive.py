@@ -1,0 +1,270 @@
+"""Adaptive depth: classify the question, search shallow, go deeper while confidence is too low."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from caprag.confidence import heuristic_confidence
+from caprag.llm.base import LLM, format_passages
+from caprag.llm.usage import count_tokens
+from caprag.schemas import CallUsage, Document, HopTrace, Question
+from caprag.state import GraphState
+from caprag.strategies.base import DocumentPool, RetrievalStrategy, Retriever, elapsed
+
+ConfidenceMethod = Literal["heuristic", "llm"]
+BUDGETS = ("depth", "iterations", "chunks", "tokens", "timeout")
+
+
+@dataclass(frozen=True)
+class QueryProfile:
+    """How sure retrieval must be for a query type, and the depth it starts at."""
+
+    threshold: float
+    depth: int
+
+
+DEFAULT_PROFILES: dict[str, QueryProfile] = {
+    "factual": QueryProfile(threshold=0.9, depth=1),
+    "operational": QueryProfile(threshold=0.7, depth=1),
+    "decision": QueryProfile(threshold=0.85, depth=2),
+    "strategic": QueryProfile(threshold=0.9, depth=3),
+}
+DEFAULT_DEPTH_CHUNKS = (5, 15, 30)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Limits on one turn's retrieval; each one reached is its own stop reason."""
+
+    max_depth: int = 3
+    max_iterations: int = 3
+    max_chunks: int = 50
+    max_context_tokens: int = 10_000
+    timeout_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where the loop stands after one iteration: what the stop rule looks at."""
+
+    confidence: float
+    threshold: float
+    depth: int
+    iteration: int
+    chunks: int
+    trimmed: bool
+    elapsed_s: float
+    timed_out: bool = False
+    forced: bool = False
+
+
+def decide(progress: Progress, budget: Budget) -> str:
+    """Next step: sufficient, forced_depth, increase_depth or budget_exhausted:<budget>.
+
+    A retrieval cut off by the timeout ends the turn; a forced depth never deepens; otherwise
+    confidence at the threshold is enough, and below it the first budget reached (in the order
+    depth, iterations, chunks, tokens, timeout) stops the loop.
+    """
+    if progress.timed_out:
+        return "budget_exhausted:timeout"
+    if progress.forced:
+        return "forced_depth"
+    if progress.confidence >= progress.threshold:
+        return "sufficient"
+    reached = {
+        "depth": progress.depth >= budget.max_depth,
+        "iterations": progress.iteration >= budget.max_iterations,
+        "chunks": progress.chunks >= budget.max_chunks,
+        "tokens": progress.trimmed,
+        "timeout": progress.elapsed_s >= budget.timeout_s,
+    }
+    which = next((name for name in BUDGETS if reached[name]), None)
+    return f"budget_exhausted:{which}" if which else "increase_depth"
+
+
+def fit_tokens(documents: Sequence[Document], max_tokens: int) -> tuple[list[Document], int]:
+    """The longest prefix of the ranked documents whose prompt text fits the token budget."""
+    kept: list[Document] = []
+    tokens = 0
+    for doc in documents:
+        cost = count_tokens(format_passages([doc])) + (1 if kept else 0)
+        if tokens + cost > max_tokens:
+            break
+        kept.append(doc)
+        tokens += cost
+    return kept, tokens
+
+
+class AdaptiveDepthStrategy(RetrievalStrategy):
+    """Search the question at the depth its type calls for, and deeper while confidence is short
+    of that type's threshold and every budget allows.
+
+    Budget choice: unlike the other strategies, generation does not get `k` passages; it gets the
+    top min(depth_chunks[depth], max_chunks) of everything gathered (fused by RRF), cut further to
+    max_context_tokens. Depth is the point of the strategy, so its context grows with it; each hop
+    records `chunks` and `context_tokens` so runs can be compared at equal spend. `k` is accepted
+    for the common constructor and not used.
+    """
+
+    name = "adaptive"
+
+    def __init__(
+        self,
+        retriever: Retriever,
+        llm: LLM,
+        k: int = 8,
+        *,
+        query_types: Mapping[str, QueryProfile | Mapping[str, float]] | None = None,
+        depth_chunks: Sequence[int] = DEFAULT_DEPTH_CHUNKS,
+        confidence: ConfidenceMethod = "heuristic",
+        power: int | Literal["auto"] = "auto",
+        max_depth: int = 3,
+        max_iterations: int = 3,
+        max_chunks: int = 50,
+        max_context_tokens: int = 10_000,
+        timeout_s: float = 5.0,
+    ) -> None:
+        super().__init__(retriever, llm, k)
+        self.depth_chunks = tuple(int(n) for n in depth_chunks)
+        if not 1 <= max_depth <= len(self.depth_chunks):
+            raise ValueError(f"max_depth must be 1-{len(self.depth_chunks)} (one per depth_chunks)")
+        if any(n < 1 for n in self.depth_chunks):
+            raise ValueError("every depth_chunks entry must be at least 1")
+        if confidence not in ("heuristic", "llm"):
+            raise ValueError(f"confidence must be 'heuristic' or 'llm', not {confidence!r}")
+        self.profiles: dict[str, QueryProfile] = dict(DEFAULT_PROFILES)
+        for query_type, profile in (query_types or {}).items():
+            if query_type not in DEFAULT_PROFILES:
+                known = sorted(DEFAULT_PROFILES)
+                raise ValueError(f"unknown query type {query_type!r}; use one of {known}")
+            if not isinstance(profile, QueryProfile):
+                profile = QueryProfile(float(profile["threshold"]), int(profile["depth"]))
+            self.profiles[query_type] = profile
+        self.confidence = confidence
+        self.budget = Budget(max_depth, max_iterations, max_chunks, max_context_tokens, timeout_s)
+        self.power = self._check_power(None if power == "auto" else power)
+
+    def _check_power(self, power: int | str | None) -> int | None:
+        if power is None:
+            return None
+        if isinstance(power, bool) or not isinstance(power, int):
+            raise ValueError(f"power must be 'auto' or 1-{self.budget.max_depth}, not {power!r}")
+        if not 1 <= power <= self.budget.max_depth:
+            raise ValueError(f"power must be 'auto' or 1-{self.budget.max_depth}, not {power}")
+        return power
+
+    async def execute(self, state: GraphState) -> GraphState:
+        """1. Classify. 2. Search at the type's depth. 3. Rate confidence. 4. Deeper or stop."""
+        start = time.perf_counter()
+        question = state.main_question
+        forced = self._check_power(state.power) if state.power is not None else self.power
+        classified = await self.llm.classify(question)
+        query_type = classified.value.query_type
+        profile = self.profiles[query_type]
+        depth = forced or min(profile.depth, self.budget.max_depth)
+        pool = DocumentPool()
+        context: list[Document] = []
+        questions: list[Question] = []
+        hops: list[HopTrace] = []
+        usage: list[CallUsage] = [classified.usage]
+        confidence = 0.0
+        for iteration in range(1, self.budget.max_iterations + 1):
+            hop_start = time.perf_counter()
+            n = min(self.depth_chunks[depth - 1], self.budget.max_chunks)
+            found = await self._search(question, n, None if iteration == 1 else start)
+            hop = HopTrace(hop=iteration, queries=[question], depth=depth, query_type=query_type)
+            trimmed = False
+            if found is not None:
+                questions += found
+                refs = pool.add(found[0].context)
+                hop.documents = refs
+                hop.new_documents = sum(r.new for r in refs)
+                hop.duplicate_documents = sum(not r.new for r in refs)
+                ranked = pool.top(n)
+                context, hop.context_tokens = fit_tokens(ranked, self.budget.max_context_tokens)
+                trimmed = len(context) < len(ranked)
+                confidence = await self._assess(question, context, hop, usage)
+            else:
+                hop.context_tokens = count_tokens(format_passages(context))
+                hop.confidence = confidence
+            hop.chunks = len(context)
+            hop.threshold = profile.threshold
+            hop.usage, usage = usage, []
+            progress = Progress(
+                confidence=confidence,
+                threshold=profile.threshold,
+                depth=depth,
+                iteration=iteration,
+                chunks=len(pool),
+                trimmed=trimmed,
+                elapsed_s=time.perf_counter() - start,
+                timed_out=found is None,
+                forced=forced is not None,
+            )
+            hop.adaptive_decision = decide(progress, self.budget)
+            hop.latency_s = elapsed(hop_start)
+            hops.append(hop)
+            if hop.adaptive_decision != "increase_depth":
+                break
+            depth += 1
+        self._explain(hops[-1], forced)
+        return dataclasses.replace(state, questions=questions, context=context, hops=hops)
+
+    async def _search(self, question: str, n: int, since: float | None) -> list[Question] | None:
+        """Search n passages; a deeper search (`since` set) is cut off at the timeout (None).
+
+        The first search always completes, as every other strategy's does: the timeout bounds
+        what deepening adds, and a hung retriever is the harness's question timeout to catch.
+        """
+        if since is None:
+            return await self.search_many([question], n)
+        remaining = self.budget.timeout_s - (time.perf_counter() - since)
+        try:
+            return await asyncio.wait_for(self.search_many([question], n), max(remaining, 0.0))
+        except TimeoutError:
+            return None
+
+    async def _assess(
+        self, question: str, context: list[Document], hop: HopTrace, usage: list[CallUsage]
+    ) -> float:
+        """Rate the context: the pure heuristic (no call), or the LLM's self-assessment."""
+        if self.confidence == "heuristic":
+            signals = heuristic_confidence(question, context)
+            hop.confidence = signals.confidence
+            hop.confidence_signals = signals.as_dict()
+            hop.missing_info = signals.missing_info
+        else:
+            assessed = await self.llm.assess(question, context)
+            usage.append(assessed.usage)
+            hop.confidence = round(assessed.value.confidence, 4)
+            hop.missing_info = assessed.value.missing_info
+        return hop.confidence
+
+    def _explain(self, last: HopTrace, forced: int | None) -> None:
+        """Warn when retrieval stopped short of the threshold; hint at a higher forced power."""
+        assert last.confidence is not None and last.threshold is not None
+        if last.confidence >= last.threshold:
+            return
+        short = (
+            f"confidence {last.confidence:.2f} is below the {last.threshold:.2f} threshold "
+            f"for a {last.query_type} question"
+        )
+        if forced is not None and forced < self.budget.max_depth:
+            last.hint = f"{short}: raise the power to {forced + 1} to search deeper"
+            return
+        decision = last.adaptive_decision or ""
+        if decision == "budget_exhausted:depth" or (forced and last.depth == self.budget.max_depth):
+            last.warning = (
+                f"maximum depth {last.depth} reached and {short}: the answer may be incomplete"
+            )
+        elif decision.startswith("budget_exhausted:"):
+            budget = decision.split(":", 1)[1]
+            last.warning = (
+                f"stopped by the {budget} budget at depth {last.depth} and {short}: "
+                "the answer may be incomplete"
+            )

@@ -1,0 +1,355 @@
+"""Adaptive depth on the fixture corpus: classification, confidence, deepening, budgets, power."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from caprag.classify import classify_question
+from caprag.confidence import heuristic_confidence
+from caprag.errors import StructuredOutputError
+from caprag.llm import ChatModelLLM, OfflineLLM
+from caprag.schemas import ConfidenceAssessment, Document, QueryClass
+from caprag.services import Pipeline
+from caprag.state import GraphState
+from caprag.store import PassageIndex
+from caprag.strategies import STRATEGIES, AdaptiveDepthStrategy
+from caprag.strategies.adaptive import Budget, Progress, decide
+from tests.fakes import ScriptedChatModel
+
+SIMPLE = "How long does a torch burn?"
+CROSS_REF = "What penalty does the second attack of a Flurry suffer?"
+IMPOSSIBLE = "What colour is the dragon's hoard in the moon palace?"
+SMALL_LADDER = (2, 4, 8)
+"""The fixture corpus has 12 passages: the default 5/15/30 ladder reads all of it at depth 2."""
+
+
+async def run(strategy: AdaptiveDepthStrategy, question: str, power: int | None = None) -> Any:
+    return await strategy.execute(GraphState(main_question=question, power=power))
+
+
+def adaptive(index: Any, **options: Any) -> AdaptiveDepthStrategy:
+    return AdaptiveDepthStrategy(index, OfflineLLM(), **options)
+
+
+# 1. Classification rules, alone.
+
+
+@pytest.mark.parametrize(
+    ("question", "expected"),
+    [
+        (SIMPLE, "factual"),
+        ("What does Night Eyes cost?", "factual"),
+        ("How do I resolve a charge?", "operational"),
+        ("What are the steps of the resting procedure?", "operational"),
+        ("Can I dodge after a Flurry?", "decision"),
+        ("Is it allowed to swim in armor?", "decision"),
+        ("Which is better against arrows, a Shield Wall or dodging?", "decision"),
+        ("Should my fighter take Old Soldier?", "decision"),
+        ("What is the best way to build a fighter around Flurry?", "strategic"),
+        ("Plan a strategy to optimize stamina on a long march.", "strategic"),
+        ("How can I combine Flurry and Old Soldier?", "strategic"),
+    ],
+)
+def test_classification_rules(question: str, expected: str) -> None:
+    decided = classify_question(question)
+    assert decided.query_type == expected
+    assert decided.reasoning
+
+
+def test_how_can_i_is_a_procedure_not_a_permission_question() -> None:
+    assert classify_question("How can I recover stamina points?").query_type == "operational"
+
+
+# 2. Heuristic confidence, alone.
+
+
+def doc(pid: str, text: str, *, section: str = "", edition: int = 1, **meta: Any) -> Document:
+    book = pid.split("/")[0]
+    short = meta.pop("short", book.title())
+    return Document(
+        passage_id=pid,
+        book_id=book,
+        book_short=short,
+        section=section,
+        text=text,
+        edition=edition,
+        **meta,
+    )
+
+
+def test_heuristic_confidence_weights_its_four_signals() -> None:
+    docs = [
+        doc("basics/torches", "A torch burns for one hour.", section="Torches"),
+        doc("fighting/dodge", "Dodging adds 3 to defence."),
+        doc("gifts/eyes", "Night Eyes sees in starlight."),
+    ]
+    signals = heuristic_confidence(SIMPLE, docs)
+    assert signals.as_dict() == {
+        "relevance": 1.0,
+        "recency": 1.0,
+        "diversity": 1.0,
+        "completeness": 1.0,
+    }
+    assert signals.confidence == 1.0
+    one_book = heuristic_confidence(SIMPLE, docs[:1])
+    assert one_book.diversity == pytest.approx(1 / 3)
+    assert one_book.confidence == pytest.approx(0.4 + 0.2 + 0.2 / 3 + 0.2, abs=1e-4)
+
+
+def test_no_documents_means_no_confidence() -> None:
+    signals = heuristic_confidence(SIMPLE, [])
+    assert signals.confidence == 0.0
+    assert signals.missing_info == ["not found: torch, burn"]
+
+
+def test_unresolved_cross_reference_lowers_completeness() -> None:
+    flurry = doc(
+        "fighting/flurry",
+        "The second attack suffers a penalty of 4, modified by Old Soldier (Gifts, p. 7).",
+        section="Flurry",
+    )
+    gift = doc("gifts/old-soldier", "Halve any penalty for a second blow.", section="Old Soldier")
+    alone = heuristic_confidence(CROSS_REF, [flurry])
+    assert alone.unresolved == ("Old Soldier (Gifts, p. 7)",)
+    assert alone.completeness == pytest.approx(0.75)
+    assert alone.missing_info[0] == "Old Soldier (Gifts, p. 7)"
+    followed = heuristic_confidence(CROSS_REF, [flurry, gift])
+    assert followed.unresolved == () and followed.completeness == 1.0
+    assert followed.confidence > alone.confidence
+
+
+def test_a_superseded_edition_lowers_recency() -> None:
+    old = doc("core1/torch", "A torch burns one hour.", section="Torches", edition=1, short="Core")
+    new = doc("core2/torch", "A torch burns two hours.", section="Torches", edition=2, short="Core")
+    other = doc("gifts/eyes", "Night Eyes.", section="Night Eyes", edition=1)
+    assert heuristic_confidence(SIMPLE, [new, other]).recency == 1.0
+    assert heuristic_confidence(SIMPLE, [old, new, other]).recency == pytest.approx(2 / 3)
+
+
+# 3. The stop rule, alone.
+
+
+def progress(**changes: Any) -> Progress:
+    base: dict[str, Any] = {
+        "confidence": 0.5,
+        "threshold": 0.9,
+        "depth": 1,
+        "iteration": 1,
+        "chunks": 5,
+        "trimmed": False,
+        "elapsed_s": 0.1,
+    }
+    return Progress(**{**base, **changes})
+
+
+def test_stop_rule_names_the_first_budget_reached() -> None:
+    budget = Budget()
+    assert decide(progress(), budget) == "increase_depth"
+    assert decide(progress(confidence=0.9), budget) == "sufficient"
+    assert decide(progress(forced=True), budget) == "forced_depth"
+    assert decide(progress(timed_out=True, forced=True), budget) == "budget_exhausted:timeout"
+    assert decide(progress(depth=3, iteration=3), budget) == "budget_exhausted:depth"
+    assert decide(progress(iteration=3), budget) == "budget_exhausted:iterations"
+    assert decide(progress(chunks=50), budget) == "budget_exhausted:chunks"
+    assert decide(progress(trimmed=True), budget) == "budget_exhausted:tokens"
+    assert decide(progress(elapsed_s=5.0), budget) == "budget_exhausted:timeout"
+
+
+# 4. The strategy on the fixture corpus.
+
+
+def test_adaptive_is_registered_and_selectable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from caprag.config import load_settings
+    from caprag.services import build_llm, build_strategy
+
+    assert STRATEGIES["adaptive"] is AdaptiveDepthStrategy
+    monkeypatch.setenv("RETRIEVAL_STRATEGY", "adaptive")
+    settings = load_settings()
+    llm = build_llm(settings)
+    built = build_strategy(settings.retrieval_strategy, NoRetriever(), llm, settings)
+    assert isinstance(built, AdaptiveDepthStrategy)
+
+
+class NoRetriever:
+    def search(self, query: str, k: int) -> list[Document]:
+        return []
+
+
+async def test_simple_factual_question_stops_at_depth_one(fixture_index: PassageIndex) -> None:
+    state = await run(adaptive(fixture_index), SIMPLE)
+    [hop] = state.hops
+    assert (hop.query_type, hop.depth, hop.adaptive_decision) == ("factual", 1, "sufficient")
+    assert hop.threshold == 0.9 and hop.confidence is not None and hop.confidence >= 0.9
+    assert hop.chunks == len(state.context) == 5
+    assert state.context[0].passage_id == "basics/torches"
+    assert [u.step for u in hop.usage] == ["classify"]  # heuristic confidence costs no call
+    assert hop.context_tokens and hop.warning is None and hop.hint is None
+
+
+async def test_cross_reference_makes_it_search_deeper(fixture_index: PassageIndex) -> None:
+    state = await run(adaptive(fixture_index, depth_chunks=SMALL_LADDER), CROSS_REF)
+    assert len(state.hops) > 1
+    first, last = state.hops[0], state.hops[-1]
+    assert first.adaptive_decision == "increase_depth"
+    assert first.missing_info == ["Old Soldier (Gifts, p. 7)"]
+    assert [h.depth for h in state.hops] == list(range(1, len(state.hops) + 1))
+    assert last.confidence is not None
+    assert last.confidence >= 0.85 or last.depth == 3
+    assert {"fighting/flurry", "gifts/old-soldier"} <= {d.passage_id for d in state.context}
+    assert [h.chunks for h in state.hops] == list(SMALL_LADDER[: len(state.hops)])
+
+
+async def test_impossible_question_stops_at_depth_three_with_a_warning(
+    fixture_index: PassageIndex,
+) -> None:
+    state = await run(adaptive(fixture_index), IMPOSSIBLE)
+    assert len(state.hops) == 3
+    last = state.hops[-1]
+    assert (last.depth, last.adaptive_decision) == (3, "budget_exhausted:depth")
+    assert [h.adaptive_decision for h in state.hops[:-1]] == ["increase_depth"] * 2
+    assert last.warning is not None and "maximum depth 3 reached" in last.warning
+    assert all(h.warning is None for h in state.hops[:-1])
+
+
+@pytest.mark.parametrize(
+    ("options", "reason", "hops"),
+    [
+        ({"max_depth": 2}, "depth", 2),
+        ({"max_iterations": 2}, "iterations", 2),
+        ({"max_chunks": 8}, "chunks", 2),
+        ({"max_context_tokens": 150}, "tokens", 1),
+    ],
+)
+async def test_each_budget_stops_the_loop_with_its_own_reason(
+    fixture_index: PassageIndex, options: dict[str, Any], reason: str, hops: int
+) -> None:
+    state = await run(adaptive(fixture_index, **options), IMPOSSIBLE)
+    assert len(state.hops) == hops
+    last = state.hops[-1]
+    assert last.adaptive_decision == f"budget_exhausted:{reason}"
+    assert last.warning is not None
+    if reason == "chunks":
+        assert last.chunks == 8 == len(state.context)
+    if reason == "tokens":
+        assert last.context_tokens is not None and last.context_tokens <= 150
+        assert 1 <= len(state.context) < 5
+
+
+class SlowDeepRetriever:
+    """The fixture index, answering searches deeper than `fast_k` only after a long delay."""
+
+    def __init__(self, index: PassageIndex, fast_k: int, delay_s: float) -> None:
+        self.index = index
+        self.fast_k = fast_k
+        self.delay_s = delay_s
+
+    def search(self, query: str, k: int) -> list[Document]:
+        if k > self.fast_k:
+            time.sleep(self.delay_s)
+        return self.index.search(query, k)
+
+
+async def test_timeout_keeps_what_was_found_in_time(fixture_index: PassageIndex) -> None:
+    strategy = adaptive(SlowDeepRetriever(fixture_index, fast_k=5, delay_s=3.0), timeout_s=1.0)
+    started = time.perf_counter()
+    state = await run(strategy, IMPOSSIBLE)
+    assert time.perf_counter() - started < 2.5  # the depth-2 search alone takes 3 s
+    assert [h.adaptive_decision for h in state.hops] == [
+        "increase_depth",
+        "budget_exhausted:timeout",
+    ]
+    assert state.hops[1].documents == [] and len(state.context) == 5
+    assert state.hops[1].warning is not None and "timeout" in state.hops[1].warning
+
+
+async def test_forced_power_searches_once_and_hints_when_short(
+    fixture_index: PassageIndex,
+) -> None:
+    strategy = adaptive(fixture_index, depth_chunks=SMALL_LADDER, power=1)
+    state = await run(strategy, CROSS_REF)
+    [hop] = state.hops
+    assert (hop.depth, hop.adaptive_decision) == (1, "forced_depth")
+    assert hop.confidence is not None and hop.threshold is not None
+    assert hop.confidence < hop.threshold
+    assert hop.hint is not None and "raise the power to 2" in hop.hint
+
+    deeper = await run(strategy, CROSS_REF, power=2)  # the request's power wins
+    [hop] = deeper.hops
+    assert (hop.depth, hop.adaptive_decision, hop.hint) == (2, "forced_depth", None)
+
+
+async def test_forced_power_applies_to_one_turn_only(fixture_index: PassageIndex) -> None:
+    llm = OfflineLLM()
+    pipeline = Pipeline(AdaptiveDepthStrategy(fixture_index, llm), llm)
+    forced = await pipeline.ask(SIMPLE, "thread", power=3)
+    assert [(h.depth, h.adaptive_decision) for h in forced.hops] == [(3, "forced_depth")]
+    assert {u.step for u in forced.usage} == {"classify", "generate"}
+    auto = await pipeline.ask(SIMPLE, "thread")
+    assert [(h.depth, h.adaptive_decision) for h in auto.hops] == [(1, "sufficient")]
+
+
+async def test_power_outside_the_depths_is_refused(fixture_index: PassageIndex) -> None:
+    with pytest.raises(ValueError, match="power must be"):
+        adaptive(fixture_index, power=4)
+    with pytest.raises(ValueError, match="power must be"):
+        await run(adaptive(fixture_index), SIMPLE, power=0)
+
+
+# 5. LLM classification and self-assessment through structured output.
+
+
+def scripted(*confidences: float) -> ScriptedChatModel:
+    return ScriptedChatModel(
+        replies=[
+            QueryClass(query_type="operational", reasoning="a procedure"),
+            *(
+                ConfidenceAssessment(confidence=c, reasoning="r", missing_info=["Old Soldier"])
+                for c in confidences
+            ),
+        ]
+    )
+
+
+async def test_llm_confidence_drives_the_loop(fixture_index: PassageIndex) -> None:
+    chat = scripted(0.3, 0.5, 0.8)
+    strategy = AdaptiveDepthStrategy(
+        fixture_index, ChatModelLLM(chat, "scripted"), confidence="llm"
+    )
+    state = await run(strategy, CROSS_REF)
+    assert [(h.depth, h.confidence, h.adaptive_decision) for h in state.hops] == [
+        (1, 0.3, "increase_depth"),
+        (2, 0.5, "increase_depth"),
+        (3, 0.8, "sufficient"),
+    ]
+    assert state.hops[0].threshold == 0.7 and state.hops[0].query_type == "operational"
+    assert [u.step for u in state.hops[0].usage] == ["classify", "assess"]
+    assert state.hops[2].missing_info == ["Old Soldier"]
+    assert "judge whether retrieved rulebook passages" in str(chat.calls[1][0].content)
+
+
+async def test_confidence_outside_zero_to_one_is_a_parse_error(
+    fixture_index: PassageIndex,
+) -> None:
+    chat = ScriptedChatModel(
+        replies=[{"query_type": "factual", "reasoning": ""}],
+        by_substring={"judge whether": {"confidence": 1.5, "reasoning": "", "missing_info": []}},
+    )
+    strategy = AdaptiveDepthStrategy(
+        fixture_index, ChatModelLLM(chat, "scripted", parse_attempts=2), confidence="llm"
+    )
+    with pytest.raises(StructuredOutputError, match="ConfidenceAssessment"):
+        await run(strategy, SIMPLE)
+
+
+async def test_offline_assess_is_the_costed_heuristic(fixture_index: PassageIndex) -> None:
+    docs = fixture_index.search(SIMPLE, 5)
+    assessed = await OfflineLLM().assess(SIMPLE, docs)
+    assert assessed.value.confidence == heuristic_confidence(SIMPLE, docs).confidence
+    assert assessed.usage.step == "assess" and assessed.usage.prompt_version == "assess-v1"
+    assert assessed.usage.prompt_tokens > 0
+    classified = await OfflineLLM().classify("Can I dodge after a Flurry?")
+    assert classified.value.query_type == "decision"
+    assert classified.usage.prompt_version == "classify-v1"
