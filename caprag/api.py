@@ -7,7 +7,7 @@ import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from fastapi import FastAPI, Form, Request
@@ -29,6 +29,9 @@ class AskRequest(BaseModel):
 
     question: str = Field(max_length=MAX_QUESTION_CHARS, examples=["What does Rapid Strike do?"])
     thread_id: UUID | None = Field(None, description="A UUID; the server makes one when omitted.")
+    power: Literal[1, 2, 3] | None = Field(
+        None, description="Force the adaptive strategy's depth (1-3); omit for automatic depth."
+    )
 
     @field_validator("question")
     @classmethod
@@ -84,6 +87,8 @@ def _explain(exc: RequestValidationError) -> str:
             message = "thread_id must be a UUID such as 123e4567-e89b-42d3-a456-426614174000"
         elif error["type"] == "string_too_long":
             message = f"the question is longer than {MAX_QUESTION_CHARS} characters"
+        elif where == "power":
+            message = "power must be 1, 2 or 3 (or omitted for automatic depth)"
         parts.append(f"{where}: {message}" if where else message)
     return "; ".join(parts)
 
@@ -118,7 +123,7 @@ def create_app(pipeline: Pipeline | None = None) -> FastAPI:
     async def ask(body: AskRequest) -> AskResponse:
         """Answer a question; reuse the returned thread_id for follow-ups."""
         thread = str(body.thread_id) if body.thread_id else None
-        return to_response(await state["pipeline"].ask(body.question, thread))
+        return to_response(await state["pipeline"].ask(body.question, thread, body.power))
 
     @app.get("/", response_class=HTMLResponse)
     async def index() -> str:
@@ -130,9 +135,11 @@ def create_app(pipeline: Pipeline | None = None) -> FastAPI:
     async def chat(
         question: Annotated[str, Form(max_length=MAX_QUESTION_CHARS)],
         thread_id: Annotated[UUID, Form()],
+        power: Annotated[Literal["auto", "1", "2", "3"], Form()] = "auto",
     ) -> str:
         """One turn of the chat page, as an HTML fragment."""
-        result = await state["pipeline"].ask(question, str(thread_id))
+        forced = None if power == "auto" else int(power)
+        result = await state["pipeline"].ask(question, str(thread_id), forced)
         return web.turn(result)
 
     @app.get("/health")

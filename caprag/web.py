@@ -39,6 +39,9 @@ PAGE = """<!doctype html>
   <input type="hidden" name="thread_id" id="thread_id">
   <input name="question" placeholder="e.g. What does Arcane Aptitude cost at level 3?"
          maxlength="4000" required autofocus>
+  <label title="adaptive strategy only: force the search depth">power
+    <select name="power"><option>auto</option><option>1</option><option>2</option>
+    <option>3</option></select></label>
   <button type="submit">Ask</button>
   <span class="htmx-indicator">thinking…</span>
 </form>
@@ -82,6 +85,18 @@ def turn(result: AskResult) -> str:
         for h in result.hops
     )
     tokens = result.prompt_tokens + result.completion_tokens
+    adaptive = ""
+    last = result.hops[-1] if result.hops else None
+    if last is not None and last.depth is not None and last.confidence is not None:
+        adaptive = (
+            f'<div class="trace">confidence {last.confidence:.0%} (needs '
+            f"{(last.threshold or 0):.0%}) · depth used {last.depth}/3 · "
+            f"{escape(last.adaptive_decision or '')}</div>"
+        )
+        for note in (last.warning, last.hint):
+            if note:
+                adaptive += f'<div class="trace error">{escape(note)}</div>'
+
     return (
         '<div class="turn">'
         f'<div class="q">{escape(result.question)}</div>{rewrite}'
@@ -89,5 +104,5 @@ def turn(result: AskResult) -> str:
         f'<div class="sources">Sources:<ul>{sources}</ul></div>'
         f'<div class="trace">{result.hop_count} hop(s) · {tokens} tokens · '
         f"${result.cost_usd:.6f} · {result.latency_s:.2f} s · {escape(hops)}</div>"
-        "</div>"
+        f"{adaptive}</div>"
     )

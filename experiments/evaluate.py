@@ -125,6 +125,20 @@ def score_answer(turn: GoldQuestion, result: AskResult) -> Scores:
     )
 
 
+def score_adaptive(result: AskResult) -> dict[str, float]:
+    """Final depth, confidence and stop of depth-adaptive strategies (nothing for the others)."""
+    last = result.hops[-1] if result.hops else None
+    if last is None or last.depth is None or last.confidence is None:
+        return {}
+    return {
+        "depth": float(last.depth),
+        "confidence": float(last.confidence),
+        "reached_threshold": float(last.confidence >= (last.threshold or 0.0)),
+        "needed_2plus_rounds": float(len(result.hops) >= 2),
+        "budget_stop": float((last.adaptive_decision or "").startswith("budget_exhausted")),
+    }
+
+
 def score_cost(result: AskResult) -> dict[str, float]:
     """Hops, LLM calls, tokens, cost, latency and distinct passages retrieved."""
     distinct = {ref.passage_id for hop in result.hops for ref in hop.documents}
@@ -231,6 +245,10 @@ class Evaluator:
             row.values.update(values)
             row.missing.update(missing)
         row.values.update(score_cost(result))
+        row.values.update(score_adaptive(result))
+        first = result.hops[0] if result.hops else None
+        if first is not None and first.query_type:
+            row.values["classified_as_gold_type"] = float(first.query_type == turn.query_type)
         gold_texts = [self.reference_text(pid) for pid in turn.gold_passages]
         for scorer in self.scorers:
             values, missing = await scorer.score(

@@ -90,3 +90,30 @@ def test_page_and_fragment(client: TestClient) -> None:
 def test_openapi_docs_are_served(client: TestClient) -> None:
     assert client.get("/docs").status_code == 200
     assert "/api/ask" in client.get("/openapi.json").json()["paths"]
+
+
+def test_power_is_validated(client: TestClient) -> None:
+    response = client.post("/api/ask", json={"question": "ok?", "power": 7})
+    assert response.status_code == 422
+    assert "power must be 1, 2 or 3" in response.json()["error"]
+
+
+def test_forced_power_on_the_adaptive_strategy(fixture_index: PassageIndex) -> None:
+    from caprag.strategies import STRATEGIES
+
+    llm = OfflineLLM()
+    app = create_app(Pipeline(STRATEGIES["adaptive"](fixture_index, llm), llm))
+    with TestClient(app) as adaptive:
+        body = {"question": "How long does a torch burn?", "power": 2}
+        data = adaptive.post("/api/ask", json=body).json()
+        assert data["hops"][-1]["depth"] == 2
+        assert data["hops"][-1]["adaptive_decision"] == "forced_depth"
+        page = adaptive.post(
+            "/chat",
+            data={
+                "question": "How long does a torch burn?",
+                "thread_id": str(uuid.uuid4()),
+                "power": "3",
+            },
+        ).text
+        assert "depth used 3/3" in page and "confidence" in page
