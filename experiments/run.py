@@ -112,7 +112,8 @@ def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
         reference_text=lambda pid: parents[pid].text if pid in parents else "",
         section_of={pid: doc.section for pid, doc in parents.items()},
     )
-    name = f"{cfg.experiment.name}:{strategy.name}:{dataset.name}:{llm.backend}"
+    variant = f" power={cfg.strategy.power}" if "power" in cfg.strategy else ""
+    name = f"{cfg.experiment.name}:{strategy.name}{variant}:{dataset.name}:{llm.backend}"
     raw = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(raw, dict)
     config = {str(k): v for k, v in raw.items()}
