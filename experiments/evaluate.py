@@ -100,6 +100,7 @@ def score_retrieval(turn: GoldQuestion, result: AskResult, k: int) -> Scores:
         "precision_at_k": metrics.precision_at_k(context, gold, k),
         "mrr": metrics.reciprocal_rank(context, gold),
         "all_gold_at_k": float(metrics.recall_at_k(context, gold, k) == 1.0),
+        "context_recall": metrics.recall_at_k(context, gold, len(context) or 1),
     }
     values.update({f"recall_hop{h}": v for h, v in enumerate(curve, start=1)})
     return values, {}

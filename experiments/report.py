@@ -14,6 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from caprag.config import PROJECT_ROOT
+from experiments.calibration import expected_calibration_error, reliability
 from experiments.runs import LoadedRun, connect, distinct_labels, load_run, per_set
 from experiments.tables import compare_table, fmt_cell, markdown_table
 
@@ -84,6 +85,44 @@ def plot_cost_quality(runs: list[LoadedRun], path: Path) -> None:
     plt.close(fig)
 
 
+def plot_calibration(runs: list[LoadedRun], path: Path) -> bool:
+    """Reliability diagram: confidence bucket vs share of questions whose context held every gold
+    passage. Only runs that record a confidence (adaptive) are drawn; False when there are none."""
+    fig, ax = plt.subplots(figsize=(5, 4))
+    drawn = False
+    for run in runs:
+        frame = run.questions
+        if frame.empty or "confidence" not in frame or "context_recall" not in frame:
+            continue
+        ok = frame[(frame["status"] == "ok") & frame["context_recall"].notna()]
+        table = reliability(ok["confidence"], (ok["context_recall"] == 1.0).astype(float))
+        if table.empty:
+            continue
+        ece = expected_calibration_error(table)
+        ax.plot(
+            table["mean_confidence"],
+            table["success_rate"],
+            marker="o",
+            label=f"{run.label} (ECE {ece:.2f})",
+        )
+        drawn = True
+    if not drawn:
+        plt.close(fig)
+        return False
+    ax.plot([0, 1], [0, 1], linestyle="--", color="grey", label="perfect calibration")
+    ax.set_xlabel("confidence (bucket mean)")
+    ax.set_ylabel("share with every gold passage retrieved")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title("Calibration")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
 def write_report(runs: list[LoadedRun], name: str, notes: str = "") -> Path:
     """Render tables and plots for the runs into reports/<name>.md (+ PNGs)."""
     REPORTS.mkdir(exist_ok=True)
@@ -92,6 +131,8 @@ def write_report(runs: list[LoadedRun], name: str, notes: str = "") -> Path:
     cost_png = REPORTS / f"{slug}-cost-vs-quality.png"
     plot_recall_per_hop(runs, hop_png)
     plot_cost_quality(runs, cost_png)
+    calibration_png = REPORTS / f"{slug}-calibration.png"
+    has_calibration = plot_calibration(runs, calibration_png)
     lines = [
         f"# {name}",
         "",
@@ -132,9 +173,10 @@ def write_report(runs: list[LoadedRun], name: str, notes: str = "") -> Path:
         "",
         f"![cost vs quality]({cost_png.name})",
         "",
-        "## Runs",
-        "",
     ]
+    if has_calibration:
+        lines += [f"![calibration]({calibration_png.name})", ""]
+    lines += ["## Runs", ""]
     lines += [f"- `{r.run_id}` {r.name}" for r in runs]
     path = REPORTS / f"{slug}.md"
     path.write_text("\n".join(lines) + "\n")

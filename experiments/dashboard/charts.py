@@ -65,3 +65,20 @@ def hop_histogram(hops: pd.DataFrame) -> go.Figure:
     fig.update_xaxes(dtick=1)
     fig.update_layout(height=380, yaxis_title="questions", legend={"orientation": "h", "y": -0.25})
     return fig
+
+
+def calibration(table: pd.DataFrame) -> go.Figure:
+    """Reliability diagram: bucket mean confidence vs observed success, one line per run."""
+    fig = px.line(
+        table,
+        x="mean_confidence",
+        y="success_rate",
+        color="label",
+        markers=True,
+        hover_data=["bucket", "questions"],
+        labels={"mean_confidence": "confidence", "success_rate": "all gold passages retrieved"},
+    )
+    fig.add_shape(type="line", x0=0, y0=0, x1=1, y1=1, line={"dash": "dash", "color": "grey"})
+    fig.update_xaxes(range=[0, 1])
+    fig.update_yaxes(range=[0, 1.05])
+    return fig

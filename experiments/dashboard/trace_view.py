@@ -72,6 +72,18 @@ def _render_hop(hop: dict[str, Any], sections: dict[str, str], graded: bool) -> 
         st.write("No documents returned.")
     else:
         st.table(docs if graded else docs.drop(columns="gold"))
+    if hop.get("depth") is not None and hop.get("confidence") is not None:
+        confidence = float(hop["confidence"])
+        threshold = float(hop.get("threshold") or 0.0)
+        st.markdown(
+            f"**Adaptive:** depth {hop['depth']}/3 · {hop.get('chunks', '?')} chunks · "
+            f"confidence {confidence:.0%} (threshold {threshold:.0%}) · "
+            f"type {hop.get('query_type') or '?'} · decision `{hop.get('adaptive_decision')}`"
+        )
+        if hop.get("warning"):
+            st.warning(hop["warning"])
+        if hop.get("hint"):
+            st.info(hop["hint"])
     decision = hop.get("decision")
     if decision:
         verdict = "sufficient" if decision.get("sufficient") else "not sufficient"

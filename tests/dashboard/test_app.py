@@ -8,6 +8,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from caprag.config import PROJECT_ROOT
+from experiments.run import run
 from experiments.tracking import mlflow
 from tests.conftest import FIXTURE_BOOKS
 from tests.dashboard.conftest import Store
@@ -200,3 +201,38 @@ def test_older_schema_run_is_flagged_not_crashed(odd_store: Store, monkeypatch) 
     )
     assert any("no `caprag.schema` tag" in w.value for w in at.warning)
     assert at.table[0].value.loc["gold-passage recall@k"].tolist().count("—") == 1
+
+
+@pytest.fixture(scope="module")
+def adaptive_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    """A real adaptive run (confidence, depth, decisions in its trace)."""
+    from tests.integration.test_harness import make_cfg
+
+    tmp = tmp_path_factory.mktemp("adaptive")
+    ids = {}
+    for power in ("auto", "3"):
+        cfg = make_cfg(
+            tmp,
+            "dataset=all",
+            "strategy=adaptive",
+            f"strategy.power={power}",
+            "tracking.traces=false",
+        )
+        result = run(cfg)
+        assert result.run_id is not None
+        ids[power] = result.run_id
+    return Store(f"sqlite:///{tmp / 'mlruns.db'}", ids)
+
+
+def test_adaptive_run_shows_calibration_and_decision_log(
+    adaptive_store: Store, monkeypatch
+) -> None:
+    run_id = adaptive_store.runs["auto"]
+    both = list(adaptive_store.runs.values())
+    at = open_page(PAGES[1], adaptive_store.uri, monkeypatch, selected_runs=both)
+    assert "calibration" in {e.key for e in at.get("plotly_chart")}
+    assert "Calibration (adaptive confidence)" in [h.value for h in at.header]
+    at = open_page(PAGES[2], adaptive_store.uri, monkeypatch, selected_runs=[run_id])
+    at = select_question(at, "t-sb-1")
+    shown = texts(at)
+    assert "**Adaptive:** depth 1/3" in shown and "confidence" in shown and "threshold" in shown

@@ -35,9 +35,9 @@ def event_loop() -> asyncio.AbstractEventLoop:
     return loop
 
 
-def ask(built: Pipeline, question: str, thread: str) -> AskResult:
+def ask(built: Pipeline, question: str, thread: str, power: int | None = None) -> AskResult:
     """Run the async pipeline on the shared loop and wait for the answer."""
-    future = asyncio.run_coroutine_threadsafe(built.ask(question, thread), event_loop())
+    future = asyncio.run_coroutine_threadsafe(built.ask(question, thread, power), event_loop())
     return future.result(timeout=TIMEOUT_S)
 
 
@@ -47,6 +47,13 @@ left, right = st.columns(2)
 strategy = left.selectbox("Strategy", STRATEGIES, key="ask_strategy")
 llm = right.selectbox(
     "LLM backend", backends, key="ask_llm", help="openai is offered when OPENAI_API_KEY is set"
+)
+power_choice = st.radio(
+    "Power (adaptive strategy only)",
+    ["auto", "1", "2", "3"],
+    horizontal=True,
+    key="ask_power",
+    help="auto: the strategy picks the depth; 1-3 force it for this question",
 )
 question = st.text_area("Question", key="ask_question", placeholder="What does … cost at level 3?")
 go, fresh = st.columns([1, 5])
@@ -59,7 +66,8 @@ if go.button("Ask", type="primary", key="ask_go"):
         settings = load_settings(retrieval_strategy=strategy, llm=llm)
         built, sections = pipeline(settings.model_dump_json(exclude={"openai_api_key"}), settings)
         with st.spinner("Answering…"):
-            result = ask(built, question, thread)
+            forced = None if power_choice == "auto" else int(power_choice)
+            result = ask(built, question, thread, forced if strategy == "adaptive" else None)
         st.session_state["ask_result"] = (trace_from_result(result, sections), result)
     except CapragError as exc:
         st.error(f"{type(exc).__name__}: {exc}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from experiments.calibration import reliability
 from experiments.dashboard import charts, selection
 from experiments.dashboard.data import (
     COST,
@@ -77,6 +78,19 @@ if hops:
     st.plotly_chart(charts.hop_histogram(pd.concat(hops).dropna()), key="hop_hist")
 else:
     st.info("No per-question hop counts for these runs.")
+
+calibrated = {
+    rid: t for rid, t in tables.items() if {"confidence", "context_recall"} <= set(t.columns)
+}
+if calibrated:
+    st.header("Calibration (adaptive confidence)")
+    st.caption("confidence bucket vs share of questions whose context held every gold passage")
+    frames = []
+    for rid, t in calibrated.items():
+        ok = t[(t["status"] == "ok") & t["confidence"].notna() & t["context_recall"].notna()]
+        table = reliability(ok["confidence"], (ok["context_recall"] == 1.0).astype(float))
+        frames.append(table.assign(label=labels[rid]))
+    st.plotly_chart(charts.calibration(pd.concat(frames)), key="calibration")
 
 st.header("Per-question diff")
 with_tables = [rid for rid in chosen if rid in tables]
