@@ -10,9 +10,8 @@ import argparse
 import asyncio
 import contextlib
 import os
-import socket
-import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +20,8 @@ from pathlib import Path
 import httpx
 
 from caprag.books import load_books
-from caprag.config import PROJECT_ROOT, load_settings
+from caprag.config import load_settings
+from experiments.servers import free_port, running
 
 FOLLOW_UPS = (
     "What does it cost?",
@@ -149,47 +149,15 @@ async def drive(base_url: str, names: Sequence[str], turns: int, timeout_s: floa
     return result
 
 
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextlib.contextmanager
 def serve(env: dict[str, str] | None = None, ready_timeout_s: float = 300.0) -> Iterator[str]:
     """Start `python -m caprag.api` on a free loopback port; always stop it."""
     port = free_port()
-    log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"caprag-api-{port}.log", "w")  # noqa: SIM115
-    process = subprocess.Popen(
-        [sys.executable, "-m", "caprag.api", "--port", str(port)],
-        cwd=PROJECT_ROOT,
-        env={**os.environ, **(env or {})},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
     base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + ready_timeout_s
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(
-                    f"the API server exited with {process.returncode}; see {log.name}"
-                )
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the API server was not ready in {ready_timeout_s:.0f}s")
-            time.sleep(0.5)
+    log = Path(tempfile.gettempdir()) / f"caprag-api-{port}.log"
+    command = [sys.executable, "-m", "caprag.api", "--port", str(port)]
+    with running(command, f"{base}/health", {**os.environ, **(env or {})}, log, ready_timeout_s):
         yield base
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        log.close()
 
 
 def run_load(

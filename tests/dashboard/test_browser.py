@@ -3,40 +3,24 @@
 from __future__ import annotations
 
 import os
-import shutil
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from playwright.sync_api import Browser, Page
 
 from caprag.config import PROJECT_ROOT
+from experiments.servers import free_port, running
+from tests.browsers import launch_chromium
 from tests.conftest import FIXTURE_BOOKS
 from tests.dashboard.conftest import Store
 
 pytestmark = pytest.mark.browser
 APP = PROJECT_ROOT / "experiments" / "dashboard" / "app.py"
 SHOTS = PROJECT_ROOT / "reports" / "screenshots"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-]
 START_TIMEOUT_S = 60
 TEXT_TIMEOUT_MS = 60_000
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -57,42 +41,18 @@ def server(harness_store: Store, tmp_path_factory: pytest.TempPathFactory) -> It
         "--server.headless", "true", "--server.address", "127.0.0.1",
         "--server.port", str(port), "--browser.gatherUsageStats", "false",
     ]  # fmt: skip
-    with (tmp / "streamlit.log").open("w") as log:
-        process = subprocess.Popen(
-            command, cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
-        )
-        try:
-            base = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + START_TIMEOUT_S
-            while True:
-                try:
-                    if httpx.get(f"{base}/_stcore/health", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if process.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"streamlit did not start: {(tmp / 'streamlit.log').read_text()}")
-                time.sleep(0.5)
-            yield base
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=10)
+    base = f"http://127.0.0.1:{port}"
+    with running(command, f"{base}/_stcore/health", env, tmp / "streamlit.log", START_TIMEOUT_S):
+        yield base
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     """Debian's chromium driven by Playwright (skipped only where chromium is not installed)."""
-    executable = shutil.which("chromium")
-    if executable is None:
-        pytest.skip("chromium is not installed (apt-get install -y chromium)")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        launched = launch_chromium(playwright)
         try:
             yield launched
         finally:

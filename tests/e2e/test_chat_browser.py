@@ -9,6 +9,7 @@ import pytest
 
 from caprag.config import PROJECT_ROOT
 from experiments.loadtest import serve
+from tests.browsers import launch_chromium
 from tests.conftest import FIXTURE_BOOKS
 
 pytestmark = pytest.mark.browser
@@ -39,7 +40,7 @@ def test_ask_and_follow_up_in_the_browser(tmp_path: Path) -> None:
         "CAPRAG_K": "2",
     }
     with serve(env) as base, sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
+        browser = launch_chromium(p)
         page = browser.new_page(viewport={"width": 1000, "height": 800})
         page.goto(base + "/")
         thread = page.locator("#thread_id").input_value()
