@@ -223,6 +223,19 @@ def log_traces(rows: Sequence[QuestionRow], start_ns: int) -> int:
                     "duplicate_documents": str(hop["duplicate_documents"]),
                     "prompt_tokens": str(hop["prompt_tokens"]),
                     "cost_usd": str(hop["cost_usd"]),
+                    **{
+                        key: str(hop[key])
+                        for key in (
+                            "depth",
+                            "chunks",
+                            "confidence",
+                            "threshold",
+                            "adaptive_decision",
+                            "warning",
+                            "hint",
+                        )
+                        if hop.get(key) is not None
+                    },
                 },
                 start_time_ns=t,
             )
