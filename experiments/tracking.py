@@ -179,6 +179,51 @@ def _frame(records: list[dict[str, Any]]) -> Any:
     return pd.DataFrame.from_records(records)
 
 
+HOP_ATTRIBUTES = (
+    "new_documents",
+    "duplicate_documents",
+    "prompt_tokens",
+    "cost_usd",
+    "depth",
+    "chunks",
+    "confidence",
+    "threshold",
+    "adaptive_decision",
+    "warning",
+    "hint",
+)
+
+
+def _hop_attributes(hop: Mapping[str, Any]) -> dict[str, str]:
+    """The hop's counts, cost and (adaptive) decision log as span attributes."""
+    return {key: str(hop[key]) for key in HOP_ATTRIBUTES if hop.get(key) is not None}
+
+
+def _span(
+    parent: Any,
+    name: str,
+    kind: str,
+    inputs: dict[str, Any],
+    outputs: dict[str, Any],
+    start_ns: int,
+    seconds: float,
+    attributes: dict[str, str] | None = None,
+) -> int:
+    """A finished child span of `seconds` starting at start_ns; returns its end time."""
+    span = mlflow.start_span_no_context(
+        name,
+        span_type=kind,
+        parent_span=parent,
+        inputs=inputs,
+        attributes=attributes,
+        start_time_ns=start_ns,
+    )
+    span.set_outputs(outputs)
+    end_ns = start_ns + int(seconds * 1e9)
+    span.end(end_time_ns=end_ns)
+    return end_ns
+
+
 def log_traces(rows: Sequence[QuestionRow], start_ns: int) -> int:
     """One MLflow trace per question: a span per node and, under retrieve, a span per hop."""
     count = 0
@@ -193,17 +238,15 @@ def log_traces(rows: Sequence[QuestionRow], start_ns: int) -> int:
             attributes={"set": row.set, "query_type": row.query_type},
             start_time_ns=t,
         )
-        rewrite_ns = int(row.timings.get("rewrite", 0.0) * 1e9)
-        span = mlflow.start_span_no_context(
+        t = _span(
+            root,
             "rewrite",
-            span_type="CHAIN",
-            parent_span=root,
-            inputs={"question": row.question},
-            start_time_ns=t,
+            "CHAIN",
+            {"question": row.question},
+            {"main_question": row.main_question},
+            t,
+            row.timings.get("rewrite", 0.0),
         )
-        span.set_outputs({"main_question": row.main_question})
-        t += rewrite_ns
-        span.end(end_time_ns=t)
         retrieve = mlflow.start_span_no_context(
             "retrieve",
             span_type="RETRIEVER",
@@ -212,49 +255,27 @@ def log_traces(rows: Sequence[QuestionRow], start_ns: int) -> int:
             start_time_ns=t,
         )
         for hop in row.trace:
-            hop_ns = int(float(hop.get("latency_s", 0.0)) * 1e9)
-            span = mlflow.start_span_no_context(
+            t = _span(
+                retrieve,
                 f"hop {hop['hop']}",
-                span_type="RETRIEVER",
-                parent_span=retrieve,
-                inputs={"queries": hop["queries"]},
-                attributes={
-                    "new_documents": str(hop["new_documents"]),
-                    "duplicate_documents": str(hop["duplicate_documents"]),
-                    "prompt_tokens": str(hop["prompt_tokens"]),
-                    "cost_usd": str(hop["cost_usd"]),
-                    **{
-                        key: str(hop[key])
-                        for key in (
-                            "depth",
-                            "chunks",
-                            "confidence",
-                            "threshold",
-                            "adaptive_decision",
-                            "warning",
-                            "hint",
-                        )
-                        if hop.get(key) is not None
-                    },
-                },
-                start_time_ns=t,
+                "RETRIEVER",
+                {"queries": hop["queries"]},
+                {"documents": hop["documents"], "decision": hop.get("decision")},
+                t,
+                float(hop.get("latency_s", 0.0)),
+                _hop_attributes(hop),
             )
-            span.set_outputs({"documents": hop["documents"], "decision": hop.get("decision")})
-            t += hop_ns
-            span.end(end_time_ns=t)
         retrieve.set_outputs({"context": row.context_ids})
         retrieve.end(end_time_ns=t)
-        generate_ns = int(row.timings.get("generate", 0.0) * 1e9)
-        span = mlflow.start_span_no_context(
+        t = _span(
+            root,
             "generate",
-            span_type="LLM",
-            parent_span=root,
-            inputs={"context": row.context_ids},
-            start_time_ns=t,
+            "LLM",
+            {"context": row.context_ids},
+            {"answer": row.answer},
+            t,
+            row.timings.get("generate", 0.0),
         )
-        span.set_outputs({"answer": row.answer})
-        t += generate_ns
-        span.end(end_time_ns=t)
         root.set_outputs({"answer": row.answer, "gold_answer": row.gold_answer})
         root.end(end_time_ns=max(t, start_ns + int(row.timings.get("total", 0.0) * 1e9)))
         count += 1
