@@ -141,6 +141,11 @@ class CallUsage(BaseModel):
     latency_s: float = 0.0
     counted: Literal["reported", "tokenizer"] = "tokenizer"
     prompt_version: str = ""
+    cached: bool = Field(
+        default=False,
+        description="Answered from the response cache: tokens and cost are the original call's, "
+        "but nothing was sent or spent this time.",
+    )
 
 
 class RetrievedRef(BaseModel):

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 from caprag import analyzer
 from caprag.errors import LLMCallError, StructuredOutputError
 from caprag.llm.base import LLM, History, LLMResult, format_history, format_passages
+from caprag.llm.cache import ResponseCache, cache_key
 from caprag.llm.usage import count_tokens, price
 from caprag.prompts import ANALYZE, ASSESS, CLASSIFY, EXPAND, GENERATE, REWRITE, Prompt
 from caprag.schemas import (
@@ -32,7 +33,7 @@ M = TypeVar("M", bound=BaseModel)
 class ChatModelLLM(LLM):
     """Structured steps through `with_structured_output`; a reply that does not parse is retried,
     then raised as StructuredOutputError. Transport retries (429, 5xx, timeouts) belong to the
-    chat model's client."""
+    chat model's client. With a `cache`, an identical call is answered from disk."""
 
     backend = "chat"
 
@@ -46,6 +47,7 @@ class ChatModelLLM(LLM):
         structured_method: str = "function_calling",
         parse_attempts: int = 3,
         backend: str = "chat",
+        cache: ResponseCache | None = None,
     ) -> None:
         self.chat = chat
         self.model = model
@@ -54,6 +56,48 @@ class ChatModelLLM(LLM):
         self.structured_method = structured_method
         self.parse_attempts = parse_attempts
         self.backend = backend
+        self.cache = cache
+
+    def _key(
+        self,
+        chat: BaseChatModel,
+        model: str,
+        prompt: Prompt,
+        messages: list[BaseMessage],
+        **extra: Any,
+    ) -> str:
+        """What shapes a reply: provider and endpoint, model, every message, the chat model's
+        parameters (temperature, seed, output cap...), the output schema and the prompt version."""
+        return cache_key(
+            provider=self.backend,
+            endpoint=getattr(chat, "openai_api_base", None),
+            model=model,
+            messages=[(m.type, m.content) for m in messages],
+            params=getattr(chat, "_identifying_params", {}),
+            prompt_version=prompt.version,
+            **extra,
+        )
+
+    def _replay(self, key: str, step: str) -> tuple[dict[str, Any], CallUsage] | None:
+        """A cached reply and its original usage, marked cached (no time spent, no money)."""
+        if self.cache is None:
+            return None
+        hit = self.cache.get(key)
+        if hit is None:
+            return None
+        usage = CallUsage.model_validate(hit["usage"]).model_copy(
+            update={"cached": True, "latency_s": 0.0, "step": step}
+        )
+        return hit["value"], usage
+
+    def _store(self, key: str, value: Any, usage: CallUsage) -> None:
+        if self.cache is not None:
+            self.cache.put(
+                key,
+                {"value": value, "usage": usage.model_dump()},
+                model=usage.model,
+                step=usage.step,
+            )
 
     def _usage(
         self,
@@ -88,6 +132,17 @@ class ChatModelLLM(LLM):
         self, step: str, prompt: Prompt, schema: type[M], **values: str
     ) -> LLMResult[M]:
         messages = prompt.render(**values)
+        key = self._key(
+            self.chat,
+            self.model,
+            prompt,
+            messages,
+            schema=schema.model_json_schema(),
+            method=self.structured_method,
+        )
+        replayed = self._replay(key, step)
+        if replayed is not None:
+            return LLMResult(value=schema.model_validate(replayed[0]), usage=replayed[1])
         runnable = self.chat.with_structured_output(
             schema,
             method=self.structured_method,
@@ -114,6 +169,7 @@ class ChatModelLLM(LLM):
                         "latency_s": sum(u.latency_s for u in spent),
                     }
                 )
+                self._store(key, parsed.model_dump(mode="json"), total)
                 return LLMResult(value=parsed, usage=total)
             detail = str(out.get("parsing_error") or f"no {schema.__name__} in the reply")
         raise StructuredOutputError(schema.__name__, detail, self.parse_attempts)
@@ -158,6 +214,10 @@ class ChatModelLLM(LLM):
     async def rewrite(self, question: str, history: History) -> LLMResult[str]:
         """Plain-text rewrite with the (possibly cheaper) rewrite model."""
         messages = REWRITE.render(question=question, history=format_history(history))
+        key = self._key(self.rewrite_chat, self.rewrite_model, REWRITE, messages)
+        replayed = self._replay(key, "rewrite")
+        if replayed is not None:
+            return LLMResult(value=str(replayed[0]) or question, usage=replayed[1])
         t0 = time.perf_counter()
         try:
             raw = await self.rewrite_chat.ainvoke(messages)
@@ -165,6 +225,7 @@ class ChatModelLLM(LLM):
             raise LLMCallError(f"rewrite: the LLM endpoint failed: {exc}") from exc
         text = _raw_text(raw).strip().strip('"').strip()
         usage = self._usage("rewrite", REWRITE, self.rewrite_model, messages, raw, t0)
+        self._store(key, text, usage)
         return LLMResult(value=text or question, usage=usage)
 
     async def classify(self, question: str) -> LLMResult[QueryClass]:

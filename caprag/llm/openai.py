@@ -5,6 +5,7 @@ from __future__ import annotations
 from langchain_openai import ChatOpenAI
 
 from caprag.errors import MissingAPIKeyError
+from caprag.llm.cache import ResponseCache
 from caprag.llm.chat import ChatModelLLM
 
 
@@ -17,6 +18,7 @@ def openai_chat(
     timeout_s: float = 60.0,
     max_retries: int = 3,
     temperature: float = 0.0,
+    seed: int | None = None,
 ) -> ChatOpenAI:
     """A ChatOpenAI whose output cap every server honours and whose client retries with backoff."""
     if not api_key:
@@ -29,6 +31,7 @@ def openai_chat(
         api_key=api_key,  # type: ignore[arg-type]
         base_url=base_url,
         temperature=temperature,
+        seed=seed,
         timeout=timeout_s,
         max_retries=max_retries,  # the openai client backs off on 408/409/429/5xx and timeouts
         extra_body={"max_tokens": max_output_tokens},
@@ -46,8 +49,15 @@ def build_openai_llm(
     timeout_s: float = 60.0,
     max_retries: int = 3,
     parse_attempts: int = 3,
+    temperature: float = 0.0,
+    seed: int | None = None,
+    cache: ResponseCache | None = None,
 ) -> ChatModelLLM:
-    """Build the OpenAI-compatible backend; fails at once without a key."""
+    """Build the OpenAI-compatible backend; fails at once without a key.
+
+    `seed` is sent with every request (servers that support it sample reproducibly) and is part
+    of the cache key, so repeats with different seeds are different calls.
+    """
 
     def chat(name: str) -> ChatOpenAI:
         return openai_chat(
@@ -57,6 +67,8 @@ def build_openai_llm(
             max_output_tokens=max_output_tokens,
             timeout_s=timeout_s,
             max_retries=max_retries,
+            temperature=temperature,
+            seed=seed,
         )
 
     return ChatModelLLM(
@@ -67,4 +79,5 @@ def build_openai_llm(
         structured_method=structured_method,
         parse_attempts=parse_attempts,
         backend="openai",
+        cache=cache,
     )
