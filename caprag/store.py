@@ -8,7 +8,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -278,10 +278,26 @@ class PassageIndex:
 
     def search(self, query: str, k: int) -> list[Document]:
         """Top-k parent passages; a '(Short, p. N)' citation in the query narrows the search."""
+        return self._search(query, k, None)
+
+    def restricted(self, passage_ids: Iterable[str]) -> RestrictedIndex:
+        """A retriever over this index that only ever returns the given parent passages."""
+        return RestrictedIndex(self, passage_ids)
+
+    def _search(self, query: str, k: int, within: Sequence[str] | None) -> list[Document]:
         text, book_id, page = self._split_citation(query)
-        if self._collection.count() == 0:
+        if self._collection.count() == 0 or (within is not None and not within):
             return []
-        where = {"book_id": book_id} if book_id else None
+        filters: list[dict[str, Any]] = []
+        if book_id:
+            filters.append({"book_id": book_id})
+        if within is not None:
+            filters.append({"parent_id": {"$in": list(within)}})
+        where: dict[str, Any] | None = None
+        if len(filters) == 1:
+            where = filters[0]
+        elif filters:
+            where = {"$and": filters}
         found = self._collection.query(
             query_embeddings=[self.embedder.embed_query(text or query)],
             n_results=max(k * 4, 20),
@@ -310,3 +326,20 @@ class PassageIndex:
                 text = query[:offset].strip(" ,;:-") or query
                 return text, book_id, page
         return query, None, None
+
+
+class RestrictedIndex:
+    """A view of a PassageIndex whose searches only return a fixed set of parent passages.
+
+    The benchmark distractor setting: each question may only search its own paragraphs. The filter
+    runs inside Chroma (`parent_id $in ...`), so the top k are the best of those passages, not
+    whatever of them survives a global top k.
+    """
+
+    def __init__(self, index: PassageIndex, passage_ids: Iterable[str]) -> None:
+        self.index = index
+        self.passage_ids = tuple(dict.fromkeys(passage_ids))
+
+    def search(self, query: str, k: int) -> list[Document]:
+        """Top-k of the allowed passages; a citation still narrows to its book within them."""
+        return self.index._search(query, k, self.passage_ids)

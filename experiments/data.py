@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, overload
 
+from caprag.books import Book
 from experiments.questions import (
     QUESTIONS_DIR,
     SETS,
@@ -16,6 +18,30 @@ from experiments.questions import (
 )
 
 
+class BookCorpus(Sequence[Book]):
+    """A dataset's own books, in one object that Hydra's instantiate passes through untouched.
+
+    instantiate(cfg, books=[...]) would turn a list of Book dataclasses into configs; any other
+    Sequence reaches the target as it is.
+    """
+
+    def __init__(self, books: Iterable[Book]) -> None:
+        self._books = tuple(books)
+
+    @overload
+    def __getitem__(self, index: int) -> Book: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Book]: ...
+    def __getitem__(self, index: int | slice) -> Book | Sequence[Book]:
+        return self._books[index]
+
+    def __len__(self) -> int:
+        return len(self._books)
+
+    def __repr__(self) -> str:
+        return f"BookCorpus({', '.join(b.meta.book_id for b in self._books)})"
+
+
 @dataclass(frozen=True)
 class EvalCase:
     """One thing to run: a single question, or a conversation whose turns share a thread."""
@@ -23,6 +49,8 @@ class EvalCase:
     id: str
     set: str
     turns: tuple[GoldQuestion, ...]
+    scope: tuple[str, ...] | None = None
+    """Passage ids the case may search (benchmark distractor mode); None: the whole index."""
 
     @property
     def is_conversation(self) -> bool:
@@ -37,6 +65,8 @@ class Dataset:
     name: str
     cases: list[EvalCase]
     files: list[Path] = field(default_factory=list)
+    books: list[Book] | None = None
+    """The dataset's own corpus (benchmarks); None: the configured rulebook corpus."""
 
     @property
     def content_hash(self) -> str:
@@ -47,6 +77,18 @@ class Dataset:
     def questions(self) -> int:
         """Number of questions (conversation turns counted one by one)."""
         return sum(len(case.turns) for case in self.cases)
+
+    def index_overrides(self, store: str | Path) -> dict[str, Any]:
+        """build_index arguments for the dataset's own corpus, in its own store folder.
+
+        Benchmarks never share a store with the rulebooks (or with each other), so ingesting one
+        neither prunes nor re-embeds the other. The books come as a BookCorpus so that they can be
+        passed to hydra.utils.instantiate as they are.
+        """
+        if self.books is None:
+            return {}
+        ids = "-".join(book.meta.book_id for book in self.books)
+        return {"books": BookCorpus(self.books), "store": str(Path(store) / f"bench-{ids}")}
 
 
 def load_dataset(

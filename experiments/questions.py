@@ -33,6 +33,8 @@ class GoldQuestion(BaseModel):
     id: str = Field(min_length=1)
     question: str = Field(min_length=1)
     answer: str
+    answer_aliases: list[str] = Field(default_factory=list)
+    """Other accepted answers (benchmarks such as SQuAD list several; curated sets have none)."""
     reference: str = ""
     gold_passages: list[str]
     hops: int = Field(ge=0, le=5)

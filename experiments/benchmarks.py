@@ -1,0 +1,215 @@
+"""Public QA benchmarks (one JSONL schema) as harness datasets, each with its own synthetic book.
+
+The schema is described in `datasets/benchmarks/README.md`. Every paragraph of the file, supporting
+and distractor alike, becomes a `Passage` of one `Book` whose id is the dataset name; equal
+paragraphs across questions are one passage. The corpus is always the whole file: `limit`,
+`limit_per_set` and `types` choose which questions are asked, never what is indexed, so the index is
+embedded once and the first N questions score exactly as they do in the full run.
+
+Modes: `pooled` searches every paragraph of the file for every question; `distractor` lets each
+question search only its own paragraphs (the case's `scope`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from caprag.books import BOOK_ID, Book, BookMeta, Passage, slugify
+from caprag.errors import ConfigError
+from experiments.data import Dataset, EvalCase
+from experiments.questions import DatasetError, GoldQuestion, read_jsonl
+
+Mode = Literal["pooled", "distractor"]
+MODES: tuple[Mode, ...] = ("pooled", "distractor")
+UNDATED = dt.date(1970, 1, 1)
+"""Benchmarks have a single edition; the date only orders editions, so any fixed value works."""
+
+
+class Paragraph(BaseModel):
+    """One context paragraph of a benchmark question."""
+
+    model_config = ConfigDict(strict=True)
+
+    title: str = Field(min_length=1)
+    text: str = Field(min_length=1)
+    sentences: list[str] | None = None
+    support_sent_ids: list[int] | None = None
+
+
+class BenchmarkRecord(BaseModel):
+    """One line of a benchmark file (the schema of `datasets/benchmarks/README.md`)."""
+
+    model_config = ConfigDict(strict=True)  # JSON types as written: "yes" is not a bool
+
+    id: str = Field(min_length=1)
+    question: str = Field(min_length=1)
+    answer: str
+    answer_aliases: list[str] = Field(default_factory=list)
+    type: str = Field(min_length=1, pattern=r"^[^:\s]+$")
+    multihop: bool | None = None
+    hops: int | None = None
+    answerable: bool
+    supporting: list[Paragraph]
+    distractors: list[Paragraph]
+    source: str = ""
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+    def check(self) -> None:
+        """Raise ValueError when the record contradicts itself."""
+        if self.answerable and not self.supporting:
+            raise ValueError("answerable is true but supporting is empty")
+        if self.answerable and self.hops is not None and self.hops != len(self.supporting):
+            raise ValueError(
+                f"hops is {self.hops} but there are {len(self.supporting)} supporting paragraphs"
+            )
+
+
+def passage_id(book_id: str, title: str, text: str) -> str:
+    """`<book_id>/<slug(title)>-<sha1(title+text)[:8]>`: equal paragraphs share one id."""
+    digest = hashlib.sha1((title + text).encode("utf-8")).hexdigest()[:8]
+    return f"{book_id}/{slugify(title) or 'p'}-{digest}"
+
+
+def _explain(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors():
+        where = ".".join(str(x) for x in error["loc"])
+        parts.append(f"{where}: {error['msg']}" if where else error["msg"])
+    return "; ".join(parts)
+
+
+def read_benchmark(path: Path | str) -> list[tuple[int, BenchmarkRecord]]:
+    """Every record with its line number; DatasetError (file:line) on the first bad line."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"benchmark file {path} does not exist")
+    records: list[tuple[int, BenchmarkRecord]] = []
+    seen: dict[str, int] = {}
+    for number, value in read_jsonl(path):
+        try:
+            record = BenchmarkRecord.model_validate(value)
+            record.check()
+        except ValidationError as exc:
+            raise DatasetError(path, number, _explain(exc)) from None
+        except ValueError as exc:
+            raise DatasetError(path, number, str(exc)) from None
+        if record.id in seen:
+            raise DatasetError(path, number, f"id {record.id!r} repeats line {seen[record.id]}")
+        seen[record.id] = number
+        records.append((number, record))
+    if not records:
+        raise DatasetError(path, 1, "no questions in the file")
+    return records
+
+
+def build_book(name: str, path: Path, records: Sequence[tuple[int, BenchmarkRecord]]) -> Book:
+    """One book holding every distinct paragraph, in order of first appearance."""
+    # A capitalised short name, as citations are written: "(Hotpotqa, p. 12)" is line 12.
+    short = name[:1].upper() + name[1:]
+    meta = BookMeta(
+        book_id=name, short=short, title=f"{name} (benchmark)", edition=1, published=UNDATED
+    )
+    passages: dict[str, Passage] = {}
+    for number, record in records:
+        for paragraph in [*record.supporting, *record.distractors]:
+            pid = passage_id(name, paragraph.title, paragraph.text)
+            if pid not in passages:
+                # page = the line where the paragraph first appears, so a citation finds it.
+                passages[pid] = Passage(
+                    passage_id=pid,
+                    book=meta,
+                    chapter="",
+                    section=paragraph.title,
+                    page=number,
+                    text=paragraph.text,
+                    line=number,
+                )
+    digest = hashlib.sha256(f"{meta.book_id}\x00{meta.short}\x00{meta.title}".encode())
+    for passage in passages.values():
+        digest.update(f"\x00{passage.passage_id}\x00{passage.page}\x00".encode())
+        digest.update(passage.section.encode())
+        digest.update(b"\x00")
+        digest.update(passage.text.encode())
+    return Book(
+        meta=meta, path=path, content_hash=digest.hexdigest(), passages=list(passages.values())
+    )
+
+
+def _case(name: str, record: BenchmarkRecord, mode: Mode) -> EvalCase:
+    gold = (
+        [passage_id(name, p.title, p.text) for p in record.supporting] if record.answerable else []
+    )
+    set_name = f"{name}:{record.type}"
+    question = GoldQuestion(
+        id=record.id,
+        question=record.question,
+        answer=record.answer,
+        answer_aliases=record.answer_aliases,
+        reference=record.answer,
+        gold_passages=gold,
+        hops=len(gold),
+        books=[name] if gold else [],
+        query_type="factual",
+        set=set_name,
+    )
+    scope = None
+    if mode == "distractor":
+        paragraphs = [*record.supporting, *record.distractors]
+        scope = tuple(dict.fromkeys(passage_id(name, p.title, p.text) for p in paragraphs))
+    return EvalCase(record.id, set_name, (question,), scope=scope)
+
+
+def load_benchmark(
+    name: str,
+    path: str | Path,
+    mode: Mode = "pooled",
+    limit: int | None = None,
+    limit_per_set: int | None = None,
+    types: Sequence[str] | None = None,
+) -> Dataset:
+    """Load a benchmark file as a dataset with its own corpus; cases keep the file's order.
+
+    A question's set is `<name>:<type>` (e.g. `hotpotqa:bridge`): limit_per_set and per-set
+    results work per benchmark question type.
+    """
+    if not str(path or "").strip() or str(path) == "???":
+        raise ConfigError("a benchmark needs a file: set dataset.path=FILE (benchmark JSONL)")
+    if mode not in MODES:
+        raise ConfigError(f"unknown benchmark mode {mode!r}; allowed: {', '.join(MODES)}")
+    if not BOOK_ID.match(name):
+        raise ConfigError(
+            f"benchmark name {name!r} is its book id and must match {BOOK_ID.pattern}"
+        )
+    if isinstance(types, str):  # dataset.types=bridge on the command line
+        types = [types]
+    path = Path(path)
+    records = read_benchmark(path)
+    known = {record.type for _, record in records}
+    if types is not None and set(types) - known:
+        raise ConfigError(
+            f"unknown question type(s) {', '.join(sorted(set(types) - known))} in {path}; "
+            f"known: {', '.join(sorted(known))}"
+        )
+    cases: list[EvalCase] = []
+    per_set: Counter[str] = Counter()
+    for number, record in records:
+        try:  # every line is checked, also those the limits leave out
+            case = _case(name, record, mode)
+        except ValidationError as exc:
+            raise DatasetError(path, number, _explain(exc)) from None
+        if types is not None and record.type not in types:
+            continue
+        if limit_per_set is not None and per_set[case.set] >= limit_per_set:
+            continue
+        per_set[case.set] += 1
+        cases.append(case)
+    if limit is not None:
+        cases = cases[:limit]
+    return Dataset(name=name, cases=cases, files=[path], books=[build_book(name, path, records)])
