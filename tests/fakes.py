@@ -17,6 +17,7 @@ from pydantic import BaseModel, PrivateAttr
 
 from caprag.errors import StructuredOutputError
 from caprag.llm import OfflineLLM
+from experiments.openai_stub import fill_schema
 
 
 class ScriptedChatModel(BaseChatModel):
@@ -199,31 +200,13 @@ class FlakyLLM(OfflineLLM):
         return await super().analyze(question, documents, searched)
 
 
-def fill_schema(prompt: str, text: str) -> Any:
-    """An object that fits the JSON schema RAGAS writes into its prompt after 'JSON Schema:'."""
-    marker = prompt.find("JSON Schema:")
-    if marker < 0:
-        return {}
-    start = prompt.index("{", marker)
-    schema, _ = json.JSONDecoder().raw_decode(prompt[start:])
-    defs = schema.get("$defs", {})
+class SlowLLM(OfflineLLM):
+    """The offline backend, with every answer taking `delay_s`: a run long enough to kill."""
 
-    def make(node: dict[str, Any]) -> Any:
-        if "$ref" in node:
-            return make(defs[node["$ref"].split("/")[-1]])
-        if "anyOf" in node:
-            return make(node["anyOf"][0])
-        kind = node.get("type")
-        if kind == "object":
-            return {key: make(sub) for key, sub in node.get("properties", {}).items()}
-        if kind == "array":
-            return [make(node.get("items", {"type": "string"}))]
-        if kind == "integer":
-            return 1
-        if kind == "number":
-            return 1.0
-        if kind == "boolean":
-            return True
-        return text
+    def __init__(self, price_model: str = "gpt-4o-mini", delay_s: float = 1.0) -> None:
+        super().__init__(price_model)
+        self.delay_s = delay_s
 
-    return make(schema)
+    async def generate(self, question: str, documents: Any, history: Any = ()) -> Any:
+        await asyncio.sleep(self.delay_s)
+        return await super().generate(question, documents, history)
