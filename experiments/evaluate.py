@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import statistics
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -49,6 +50,7 @@ class QuestionRow:
     turn: int
     question: str
     gold_answer: str
+    repeat: int = 0
     status: str = "ok"
     error: str = ""
     main_question: str = ""
@@ -68,6 +70,7 @@ class QuestionRow:
             "set": self.set,
             "query_type": self.query_type,
             "turn": self.turn,
+            "repeat": self.repeat,
             "question": self.question,
             "main_question": self.main_question,
             "gold_answer": self.gold_answer,
@@ -82,6 +85,15 @@ class QuestionRow:
         }
         row.update(self.values)
         return row
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field as JSON-ready data (the journal of a run stores rows this way)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> QuestionRow:
+        """The row `to_json` wrote."""
+        return cls(**data)
 
 
 def score_retrieval(turn: GoldQuestion, result: AskResult, k: int) -> Scores:
@@ -141,11 +153,18 @@ def score_adaptive(result: AskResult) -> dict[str, float]:
 
 
 def score_cost(result: AskResult) -> dict[str, float]:
-    """Hops, LLM calls, tokens, cost, latency and distinct passages retrieved."""
+    """Hops, LLM calls, tokens, cost, latency and distinct passages retrieved.
+
+    Calls answered from the response cache still count with their original tokens and cost (what
+    the strategy needs); `llm_calls_cached` and `cost_usd_spent` say what this run really paid.
+    """
     distinct = {ref.passage_id for hop in result.hops for ref in hop.documents}
+    cached = [u for u in result.usage if u.cached]
     return {
         "hops": float(result.hop_count),
         "llm_calls": float(len(result.usage)),
+        "llm_calls_cached": float(len(cached)),
+        "cost_usd_spent": result.cost_usd - sum(u.cost_usd for u in cached),
         "retrieval_calls": float(sum(len(hop.queries) for hop in result.hops)),
         "prompt_tokens": float(result.prompt_tokens),
         "completion_tokens": float(result.completion_tokens),
@@ -185,17 +204,44 @@ class Evaluator:
     progress: bool = True
     reference_text: Callable[[str], str] = lambda _pid: ""
     section_of: dict[str, str] = field(default_factory=dict)
+    scoped: Callable[[tuple[str, ...]], Pipeline] | None = None
+    """A pipeline that searches only the given passages (a case with a `scope`: the benchmark
+    distractor setting)."""
+
+    def pipeline_for(self, case: EvalCase) -> Pipeline:
+        """The shared pipeline, or one confined to the case's own passages."""
+        if case.scope is None:
+            return self.pipeline
+        if self.scoped is None:
+            raise ValueError(f"case {case.id} has a passage scope but the evaluator cannot scope")
+        return self.scoped(case.scope)
 
     async def run(
-        self, dataset: Dataset, on_row: Callable[[QuestionRow], None] | None = None
+        self,
+        dataset: Dataset,
+        on_row: Callable[[QuestionRow], None] | None = None,
+        *,
+        done: Mapping[str, list[QuestionRow]] | None = None,
+        on_case: Callable[[EvalCase, list[QuestionRow]], None] | None = None,
+        repeat: int = 0,
     ) -> list[QuestionRow]:
-        """All rows, in dataset order; a failing question becomes a failed row, never a crash."""
+        """All rows, in dataset order; a failing question becomes a failed row, never a crash.
+
+        Cases in `done` (by case id) are not asked again: their rows are used as they are, so a
+        resumed run neither loses nor repeats a question. `on_case` sees each case as it ends.
+        """
+        done = done or {}
         semaphore = asyncio.Semaphore(max(1, self.concurrency))
         bar = tqdm(total=dataset.questions, unit="q", desc="questions", disable=not self.progress)
+        bar.update(sum(len(done[c.id]) for c in dataset.cases if c.id in done))
 
         async def one(case: EvalCase) -> list[QuestionRow]:
+            if case.id in done:
+                return done[case.id]
             async with semaphore:
-                rows = await self.run_case(case, bar)
+                rows = await self.run_case(case, bar, repeat)
+            if on_case:
+                on_case(case, rows)
             for row in rows:
                 if on_row:
                     on_row(row)
@@ -207,9 +253,12 @@ class Evaluator:
             bar.close()
         return [row for rows in results for row in rows]
 
-    async def run_case(self, case: EvalCase, bar: tqdm[Any] | None = None) -> list[QuestionRow]:
+    async def run_case(
+        self, case: EvalCase, bar: tqdm[Any] | None = None, repeat: int = 0
+    ) -> list[QuestionRow]:
         """Ask each turn on one thread; score it or record why it failed."""
         thread = f"eval-{case.id}-{uuid.uuid4().hex[:8]}"
+        pipeline = self.pipeline_for(case)
         rows = []
         for number, turn in enumerate(case.turns, start=1):
             row = QuestionRow(
@@ -221,10 +270,11 @@ class Evaluator:
                 question=turn.question,
                 gold_answer=turn.answer,
                 gold_ids=list(turn.gold_passages),
+                repeat=repeat,
             )
             try:
                 result = await asyncio.wait_for(
-                    self.pipeline.ask(turn.question, thread), self.question_timeout_s
+                    pipeline.ask(turn.question, thread), self.question_timeout_s
                 )
                 await self._score(row, turn, result)
             except TimeoutError:

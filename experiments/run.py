@@ -6,9 +6,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import hydra
@@ -19,14 +22,15 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from caprag.errors import CapragError
-from caprag.llm import LLM
+from caprag.llm import LLM, OfflineLLM
 from caprag.llm.usage import PRICE_TABLE_VERSION
 from caprag.prompts import prompt_versions
 from caprag.services import Pipeline
 from caprag.store import PassageIndex
-from caprag.strategies import RetrievalStrategy
+from caprag.strategies import RetrievalStrategy, Retriever
 from experiments import tracking
-from experiments.data import Dataset
+from experiments.data import Dataset, EvalCase
+from experiments.dryrun import CostEstimate, estimate_cost, estimate_price_model
 from experiments.evaluate import (
     Aggregate,
     Evaluator,
@@ -35,6 +39,7 @@ from experiments.evaluate import (
     aggregate,
     summary_metrics,
 )
+from experiments.journal import Journal, case_key, config_hash
 from experiments.questions import DatasetError
 from experiments.tables import run_table
 
@@ -52,6 +57,10 @@ class RunResult:
     run_id: str | None = None
     traces: int = 0
     config: dict[str, Any] = field(default_factory=dict)
+    resumed: int = 0
+    """Questions taken from the journal of an earlier, interrupted process."""
+    estimate: CostEstimate | None = None
+    """The dry run's estimate (experiment.dry_run=true): then no question was asked."""
 
     def mean(self, metric: str) -> float | None:
         """The aggregate mean of a metric (None when no question has it)."""
@@ -59,10 +68,25 @@ class RunResult:
         return agg.mean if agg else None
 
 
-def _build(cfg: DictConfig, what: str) -> Any:
+@dataclass
+class Components:
+    """What a run is made of, built from config; the LLM is rebuilt per repeat (its seed)."""
+
+    dataset: Dataset
+    llm: LLM
+    scorers: list[Scorer]
+    index: PassageIndex
+    make_strategy: Callable[..., RetrievalStrategy]
+
+    def strategy(self, llm: LLM, k: int, retriever: Retriever | None = None) -> RetrievalStrategy:
+        """The configured strategy over the index (or a narrower retriever) and an LLM."""
+        return self.make_strategy(retriever=retriever or self.index, llm=llm, k=k)
+
+
+def _build(cfg: DictConfig, what: str, **overrides: Any) -> Any:
     """instantiate() that surfaces our own errors instead of Hydra's wrapper."""
     try:
-        return instantiate(cfg)
+        return instantiate(cfg, **overrides)
     except InstantiationException as exc:
         cause = exc.__cause__
         if isinstance(cause, CapragError | DatasetError | FileNotFoundError | ValueError):
@@ -70,100 +94,261 @@ def _build(cfg: DictConfig, what: str) -> Any:
         raise CapragError(f"cannot build {what}: {exc}") from exc
 
 
-def build_components(
-    cfg: DictConfig,
-) -> tuple[Dataset, LLM, list[Scorer], PassageIndex, RetrievalStrategy]:
-    """Everything the run needs, in the order that fails fastest on bad input."""
+def build_llm(cfg: DictConfig, repeat: int = 0) -> LLM:
+    """The configured LLM; a backend with a seed gets experiment.seed + repeat."""
+    if "seed" in cfg.llm:
+        return _build(cfg.llm, "the LLM backend", seed=int(cfg.experiment.seed) + repeat)
+    return _build(cfg.llm, "the LLM backend")
+
+
+def build_components(cfg: DictConfig, *, llm: bool = True) -> Components:
+    """Everything the run needs, in the order that fails fastest on bad input.
+
+    `llm=False` (the dry run) builds the offline stand-in instead of the configured backend, so
+    nothing can reach a paid endpoint.
+    """
     # 1. The questions: a broken line fails here, before any question runs.
     dataset: Dataset = _build(cfg.dataset, "the dataset")
     # 2. The LLM and judge: a missing key fails here.
-    llm: LLM = _build(cfg.llm, "the LLM backend")
+    model: LLM = build_llm(cfg) if llm else OfflineLLM(price_model=estimate_price_model(cfg))
     scorers: list[Scorer] = []
-    if cfg.experiment.get("ragas", True):
+    if llm and cfg.experiment.get("ragas", True):
         from experiments.ragas_metrics import OfflineRagas
 
         scorers.append(OfflineRagas())
-    judge = _build(cfg.judge, "the judge")
+    judge = _build(cfg.judge, "the judge") if llm else None
     if judge is not None:
         scorers.append(judge)
-    # 3. The index (ingests new or changed books), then the strategy with its dependencies.
-    index: PassageIndex = _build(cfg.retriever.index, "the retriever")
+    # 3. The index (ingests new or changed books; a benchmark brings its own), then the strategy.
+    index: PassageIndex = _build(
+        cfg.retriever.index, "the retriever", **dataset.index_overrides(cfg.retriever.index.store)
+    )
     make_strategy = _build(cfg.strategy, "the strategy")
-    strategy: RetrievalStrategy = make_strategy(retriever=index, llm=llm, k=cfg.retriever.k)
-    return dataset, llm, scorers, index, strategy
+    return Components(dataset, model, scorers, index, make_strategy)
 
 
-def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
-    """Run one configuration end to end and log it to MLflow (unless tracking.enabled=false)."""
-    dataset, llm, scorers, index, strategy = build_components(cfg)
-    parents = index.parents()
-    evaluator = Evaluator(
-        pipeline=Pipeline(
+def evaluator_for(cfg: DictConfig, parts: Components, llm: LLM) -> Evaluator:
+    """An evaluator over one LLM (one repeat); cases with a passage scope get their own pipeline."""
+    k = int(cfg.retriever.k)
+    parents = parts.index.parents()
+
+    def pipeline(strategy: RetrievalStrategy) -> Pipeline:
+        return Pipeline(
             strategy,
             llm,
             rewrite_follow_ups=cfg.pipeline.rewrite,
             history_window=cfg.pipeline.history_pairs,
-        ),
-        k=cfg.retriever.k,
-        scorers=scorers,
+        )
+
+    return Evaluator(
+        pipeline=pipeline(parts.strategy(llm, k)),
+        k=k,
+        scorers=parts.scorers,
         concurrency=cfg.experiment.concurrency,
         question_timeout_s=cfg.experiment.question_timeout_s,
         progress=cfg.experiment.progress,
         reference_text=lambda pid: parents[pid].text if pid in parents else "",
         section_of={pid: doc.section for pid, doc in parents.items()},
+        scoped=lambda scope: pipeline(parts.strategy(llm, k, parts.index.restricted(scope))),
     )
-    variant = f" power={cfg.strategy.power}" if "power" in cfg.strategy else ""
-    name = f"{cfg.experiment.name}:{strategy.name}{variant}:{dataset.name}:{llm.backend}"
+
+
+def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
+    """Run one configuration end to end and log it to MLflow (unless tracking.enabled=false).
+
+    A run is journaled case by case: when an earlier process of the same run died, the run is
+    resumed (experiment.resume=auto or RUN_ID) and only the missing questions are asked.
+    With experiment.dry_run=true nothing is asked: the cost estimate is printed and returned.
+    """
+    dry = bool(cfg.experiment.dry_run)
+    parts = build_components(cfg, llm=not dry)
     raw = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(raw, dict)
     config = {str(k): v for k, v in raw.items()}
-    print(f"run {name}: {dataset.questions} questions, k={cfg.retriever.k}", flush=True)
-    start_ns = time.time_ns()
-    rows = asyncio.run(evaluator.run(dataset))
-    aggregates = aggregate(rows)
-    summary = summary_metrics(rows)
-    result = RunResult(name, strategy.name, dataset.name, rows, aggregates, summary, config=config)
-    if cfg.tracking.enabled:
-        result.run_id, result.traces = _log(cfg, result, dataset, llm, sweep_id, start_ns)
+    strategy = parts.strategy(parts.llm, int(cfg.retriever.k))
+    variant = f" power={cfg.strategy.power}" if "power" in cfg.strategy else ""
+    backend = str(cfg.llm._target_).rsplit(".", 1)[-1] if dry else parts.llm.backend
+    name = f"{cfg.experiment.name}:{strategy.name}{variant}:{parts.dataset.name}:{backend}"
+    repeats = max(1, int(cfg.experiment.repeats))
+    if dry:
+        pipelines = evaluator_for(cfg, parts, parts.llm)
+        estimate = estimate_cost(cfg, parts.dataset, strategy, pipelines.pipeline_for)
+        print(estimate.table())
+        return RunResult(
+            name, strategy.name, parts.dataset.name, [], {}, {}, config=config, estimate=estimate
+        )
+    questions = parts.dataset.questions * repeats
+    times = f" x {repeats} repeats" if repeats > 1 else ""
+    print(f"run {name}: {questions} questions{times}, k={cfg.retriever.k}", flush=True)
+    identity = RunIdentity.resolve(cfg, config, parts.dataset)
+    tags = run_tags(cfg, identity, strategy, parts.llm)
+    with identity.open(name, sweep_id, tags) as (journal, run_id):
+        done = journal.done()
+        resumed = sum(len(rows) for rows in done.values())
+        if resumed:
+            print(
+                f"resuming run {run_id or journal.path.stem}: {resumed} of {questions} "
+                "questions already done (experiment.resume=never starts over)",
+                flush=True,
+            )
+        start_ns = time.time_ns()
+        rows: list[QuestionRow] = []
+        for repeat in range(repeats):
+            llm = parts.llm if repeat == 0 else build_llm(cfg, repeat)
+            evaluator = evaluator_for(cfg, parts, llm)
+
+            def record(case: EvalCase, found: list[QuestionRow], r: int = repeat) -> None:
+                journal.append(case_key(r, case.id), found)
+
+            rows += asyncio.run(
+                evaluator.run(
+                    parts.dataset,
+                    done={
+                        key.split(":", 1)[1]: found
+                        for key, found in done.items()
+                        if key.startswith(f"{repeat}:")
+                    },
+                    on_case=record,
+                    repeat=repeat,
+                )
+            )
+        aggregates = aggregate(rows)
+        summary = summary_metrics(rows)
+        result = RunResult(
+            name,
+            strategy.name,
+            parts.dataset.name,
+            rows,
+            aggregates,
+            summary,
+            config=config,
+            resumed=resumed,
+        )
+        if run_id is not None:
+            result.run_id = run_id
+            result.traces = _log(cfg, result, start_ns, uri=identity.uri)
     print(run_table(aggregates, summary))
     return result
 
 
-def _log(
-    cfg: DictConfig,
-    result: RunResult,
-    dataset: Dataset,
-    llm: LLM,
-    sweep_id: str | None,
-    start_ns: int,
-) -> tuple[str, int]:
-    uri = tracking.tracking_uri(cfg.tracking.uri)
-    experiment_id = tracking.use_experiment(uri, cfg.tracking.experiment_name)
-    parent = (
-        tracking.parent_run(experiment_id, sweep_id, f"sweep {cfg.experiment.name}")
-        if (sweep_id)
-        else None
-    )
-    tags = {
-        "caprag.strategy": result.strategy,
-        "caprag.dataset": result.dataset,
-        "caprag.dataset_hash": dataset.content_hash,
+def _log(cfg: DictConfig, result: RunResult, start_ns: int, uri: str | None) -> int:
+    """Results, table and traces into the open run."""
+    tracking.log_results(result.rows, result.aggregates, result.summary)
+    traces = tracking.log_traces(result.rows, start_ns) if cfg.tracking.traces else 0
+    print(f"logged MLflow run {result.run_id} ({traces} traces) to {uri}")
+    return traces
+
+
+@dataclass
+class RunIdentity:
+    """Which run this process writes: a new one, or an unfinished one it resumes."""
+
+    cfg: DictConfig
+    config: dict[str, Any]
+    dataset: Dataset
+    config_hash: str
+    uri: str | None = None
+    experiment_id: str | None = None
+    resume_id: str | None = None
+    journal_name: str | None = None
+
+    @classmethod
+    def resolve(cls, cfg: DictConfig, config: dict[str, Any], dataset: Dataset) -> RunIdentity:
+        """Pick the run by experiment.resume: auto (an unfinished run of this config whose
+        process is dead), a RUN_ID, or never."""
+        identity = cls(cfg, config, dataset, config_hash(config, dataset.content_hash))
+        wanted = str(cfg.experiment.resume or "never")
+        folder = Path(cfg.paths.journals)
+        if cfg.tracking.enabled:
+            identity.uri = tracking.tracking_uri(cfg.tracking.uri)
+            identity.experiment_id = tracking.use_experiment(
+                identity.uri, cfg.tracking.experiment_name
+            )
+        if wanted == "never":
+            return identity
+        if wanted == "auto":
+            candidates = (
+                tracking.unfinished_runs(identity.experiment_id, identity.config_hash)
+                if identity.experiment_id is not None
+                else [f"cfg-{identity.config_hash}"]
+            )
+            for candidate in candidates:
+                journal = Journal(folder, candidate)
+                if journal.exists and not journal.busy():
+                    identity.resume_id = candidate if cfg.tracking.enabled else None
+                    identity.journal_name = candidate
+                    break
+            return identity
+        identity._check_resumable(wanted)
+        identity.resume_id = identity.journal_name = wanted
+        return identity
+
+    def _check_resumable(self, run_id: str) -> None:
+        if self.uri is None:
+            raise CapragError(
+                f"experiment.resume={run_id} needs tracking (tracking.enabled=true); without it, "
+                "experiment.resume=auto continues the unfinished run of the same config"
+            )
+        info = tracking.run_info(run_id)
+        if info is None:
+            raise CapragError(f"experiment.resume={run_id}: no such run in {self.uri}")
+        status, tags = info
+        if status == "FINISHED":
+            raise CapragError(f"experiment.resume={run_id}: that run is already complete")
+        theirs = tags.get("caprag.config_hash")
+        if theirs != self.config_hash:
+            raise CapragError(
+                f"experiment.resume={run_id}: that run was made with another configuration "
+                f"(config hash {theirs}, this one {self.config_hash}); resume it with the "
+                "overrides it was started with"
+            )
+
+    @contextlib.contextmanager
+    def open(
+        self, name: str, sweep_id: str | None, tags: dict[str, str]
+    ) -> Iterator[tuple[Journal, str | None]]:
+        """The journal to append to and the MLflow run id (None without tracking); the run is
+        ended FINISHED and the journal removed only when the body completes."""
+        folder = Path(self.cfg.paths.journals)
+        if self.experiment_id is None:
+            journal = Journal(folder, self.journal_name or f"cfg-{self.config_hash}").open()
+            yield journal, None
+            journal.close(remove=True)
+            return
+        parent = (
+            tracking.parent_run(self.experiment_id, sweep_id, f"sweep {self.cfg.experiment.name}")
+            if sweep_id and self.resume_id is None
+            else None
+        )
+        with tracking.start(name, parent, tags, run_id=self.resume_id) as active:
+            run_id = str(active.info.run_id)
+            journal = Journal(folder, self.journal_name or run_id).open()
+            print(f"MLflow run {run_id} (if interrupted: experiment.resume={run_id})", flush=True)
+            if self.resume_id is None:
+                tracking.log_config(self.config)
+            yield journal, run_id
+        journal.close(remove=True)
+
+
+def run_tags(
+    cfg: DictConfig, identity: RunIdentity, strategy: RetrievalStrategy, llm: LLM
+) -> dict[str, str]:
+    """What the dashboard and the gate filter runs by, plus versions that explain numbers."""
+    return {
+        "caprag.strategy": strategy.name,
+        "caprag.dataset": identity.dataset.name,
+        "caprag.dataset_hash": identity.dataset.content_hash,
+        "caprag.config_hash": identity.config_hash,
         "caprag.llm": llm.backend,
         "caprag.model": llm.model,
         "caprag.experiment": str(cfg.experiment.name),
         "caprag.git_commit": tracking.git_commit(),
         "caprag.price_table": PRICE_TABLE_VERSION,
         "caprag.schema": "1",
+        "caprag.repeats": str(max(1, int(cfg.experiment.repeats))),
         **{f"caprag.prompt.{k}": v for k, v in prompt_versions().items()},
         **{str(k): str(v) for k, v in (cfg.experiment.tags or {}).items()},
     }
-    with tracking.start(result.name, parent, tags) as active:
-        tracking.log_config(result.config)
-        tracking.log_results(result.rows, result.aggregates, result.summary)
-        traces = tracking.log_traces(result.rows, start_ns) if cfg.tracking.traces else 0
-        run_id = str(active.info.run_id)
-    print(f"logged MLflow run {run_id} ({traces} traces) to {uri}")
-    return run_id, traces
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")

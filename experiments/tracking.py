@@ -132,10 +132,37 @@ def parent_run(experiment_id: str, sweep_id: str, name: str) -> str:
 
 
 @contextlib.contextmanager
-def start(run_name: str, parent_id: str | None, tags: Mapping[str, str]) -> Iterator[Any]:
-    """Open the run (nested under the sweep's parent run when there is one)."""
+def start(
+    run_name: str, parent_id: str | None, tags: Mapping[str, str], run_id: str | None = None
+) -> Iterator[Any]:
+    """Open a new run (nested under the sweep's parent run when there is one), or reopen
+    `run_id` to finish it. An exception ends the run FAILED; a kill leaves it RUNNING."""
+    if run_id is not None:
+        with mlflow.start_run(run_id=run_id) as run:
+            yield run
+        return
     with mlflow.start_run(run_name=run_name, parent_run_id=parent_id, tags=dict(tags)) as run:
         yield run
+
+
+def run_info(run_id: str) -> tuple[str, dict[str, str]] | None:
+    """A run's status and tags, or None when the store has no such run."""
+    try:
+        found = mlflow.MlflowClient().get_run(run_id)
+    except mlflow.exceptions.MlflowException:
+        return None
+    return str(found.info.status), dict(found.data.tags)
+
+
+def unfinished_runs(experiment_id: str, config_hash: str) -> list[str]:
+    """Runs of this config that did not finish (killed, failed or still going), newest first."""
+    found = mlflow.search_runs(
+        experiment_ids=[experiment_id],
+        filter_string=f"tags.`caprag.config_hash` = '{config_hash}'",
+        order_by=["attributes.start_time DESC"],
+        output_format="list",
+    )
+    return [str(r.info.run_id) for r in found if r.info.status != "FINISHED"]
 
 
 def log_config(config: Mapping[str, Any]) -> None:

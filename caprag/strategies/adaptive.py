@@ -158,6 +158,13 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
             raise ValueError(f"power must be 'auto' or 1-{self.budget.max_depth}, not {power}")
         return power
 
+    def max_llm_calls(self) -> dict[str, int]:
+        """A classification, and a self-assessment per iteration when confidence is the LLM's."""
+        calls = {"classify": 1}
+        if self.confidence == "llm":
+            calls["assess"] = self.budget.max_iterations
+        return calls
+
     async def execute(self, state: GraphState) -> GraphState:
         """1. Classify. 2. Search at the type's depth. 3. Rate confidence. 4. Deeper or stop."""
         start = time.perf_counter()

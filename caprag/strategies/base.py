@@ -77,6 +77,11 @@ class RetrievalStrategy(ABC):
     async def execute(self, state: GraphState) -> GraphState:
         """Fill `questions`, `context` and `hops` for `state.main_question`."""
 
+    def max_llm_calls(self) -> dict[str, int] | None:
+        """The most LLM calls one `execute` can make, by step (a cost dry run's worst case);
+        None when the strategy has no bound (a strategy that does not say)."""
+        return None
+
     async def search_many(self, queries: Sequence[str], k: int | None = None) -> list[Question]:
         """Run the queries concurrently (k each, default self.k); one Question per query."""
         depth = k or self.k

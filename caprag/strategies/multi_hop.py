@@ -27,6 +27,10 @@ class MultiHopStrategy(RetrievalStrategy):
         """Passages kept per follow-up query: a targeted query is after one passage, and fewer
         per query leaves more of the fixed budget k to the question's own results."""
 
+    def max_llm_calls(self) -> dict[str, int]:
+        """An analysis after every hop but the last."""
+        return {"analyze": self.max_hops - 1}
+
     async def execute(self, state: GraphState) -> GraphState:
         """1. Search the question. 2. Analyze the top k. 3. Search the new queries. Repeat."""
         pool = DocumentPool()

@@ -20,6 +20,10 @@ class MultiQuestionStrategy(RetrievalStrategy):
         super().__init__(retriever, llm, k)
         self.n_subquestions = n_subquestions
 
+    def max_llm_calls(self) -> dict[str, int]:
+        """One expansion."""
+        return {"expand": 1}
+
     async def execute(self, state: GraphState) -> GraphState:
         """1. Expand. 2. Search original + sub-questions concurrently. 3. Fuse and cut to k."""
         start = time.perf_counter()

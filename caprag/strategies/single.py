@@ -15,6 +15,10 @@ class SingleQueryStrategy(RetrievalStrategy):
 
     name = "single"
 
+    def max_llm_calls(self) -> dict[str, int]:
+        """One search and no LLM call."""
+        return {}
+
     async def execute(self, state: GraphState) -> GraphState:
         """1. Search the question. 2. Hand its top k to generation."""
         start = time.perf_counter()

@@ -30,6 +30,8 @@ def fixture_overrides(tmp: Path, questions: Path = FIXTURE_QUESTIONS) -> list[st
         f"paths.corpus={FIXTURE_BOOKS}",
         f"paths.questions={questions}",
         f"paths.store={tmp / 'store'}",
+        f"paths.cache={tmp / 'llm-cache.sqlite'}",
+        f"paths.journals={tmp / 'journals'}",
         f"tracking.uri=sqlite:///{tmp / 'mlruns.db'}",
         "experiment.progress=false",
     ]
@@ -50,7 +52,10 @@ def test_every_config_group_member_instantiates(
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "test-key")
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
-    cfg = make_cfg(tmp_path, f"{group}={option}")
+    # dataset=jsonl has no default file (path: ???): give it a shipped benchmark file.
+    path = PROJECT_ROOT / "datasets" / "benchmarks" / "squad_v1.1_dev_single.jsonl"
+    extra = [f"dataset.path={path}"] if (group, option) == ("dataset", "jsonl") else []
+    cfg = make_cfg(tmp_path, f"{group}={option}", *extra)
     built = instantiate(cfg[group]) if group != "retriever" else instantiate(cfg.retriever.index)
     if group == "strategy":
         strategy = built(retriever=instantiate(cfg.retriever.index), llm=instantiate(cfg.llm), k=3)
@@ -112,13 +117,13 @@ def test_failures_are_isolated_and_coverage_stated(tmp_path: Path) -> None:
         tmp_path,
         "dataset=single_book",
         "++llm._target_=tests.fakes.FlakyLLM",
-        "experiment.question_timeout_s=2",
+        "experiment.question_timeout_s=10",
         "tracking.enabled=false",
         "experiment.ragas=false",
     )
     result = run(cfg)
     status = {r.question_id: (r.status, r.error) for r in result.rows}
-    assert status["t-sb-1"] == ("failed", "timed out after 2s")
+    assert status["t-sb-1"] == ("failed", "timed out after 10s")
     assert status["t-sb-2"][0] == "failed" and "StructuredOutputError" in status["t-sb-2"][1]
     assert status["t-sb-3"] == ("ok", "")
     recall = result.aggregates["recall_at_k"]

@@ -1,0 +1,234 @@
+"""Research-grade harness: response cache, resume after kill -9, cost dry run, repeats."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+import pytest
+from omegaconf import DictConfig
+
+from caprag.config import PROJECT_ROOT
+from experiments.journal import Journal, config_hash
+from experiments.openai_stub import StubServer
+from experiments.run import run
+from tests.conftest import FIXTURE_BOOKS
+from tests.integration.test_harness import FIXTURE_QUESTIONS, make_cfg
+
+pytestmark = pytest.mark.slow
+
+
+def research_cfg(tmp: Path, *overrides: str) -> DictConfig:
+    return make_cfg(
+        tmp,
+        f"paths.cache={tmp / 'llm-cache.sqlite'}",
+        f"paths.journals={tmp / 'journals'}",
+        "experiment.ragas=false",
+        "tracking.traces=false",
+        *overrides,
+    )
+
+
+@pytest.fixture
+def stub(monkeypatch: pytest.MonkeyPatch) -> StubServer:
+    with StubServer() as server:
+        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        yield server
+
+
+def test_identical_rerun_makes_no_llm_call(tmp_path: Path, stub: StubServer) -> None:
+    cfg = research_cfg(tmp_path, "llm=openai", "dataset=curated", "strategy=multi-question")
+    first = run(cfg)
+    calls_first = stub.requests
+    assert calls_first == sum(r.values["llm_calls"] for r in first.rows) > 0
+    assert all(r.values["llm_calls_cached"] == 0 for r in first.rows)
+
+    stub.reset()
+    second = run(cfg)
+    assert stub.requests == 0
+    assert [r.answer for r in second.rows] == [r.answer for r in first.rows]
+    # The strategy's cost stays comparable; what was really spent is zero.
+    assert second.mean("tokens") == first.mean("tokens")
+    assert second.mean("llm_calls_cached") == second.mean("llm_calls")
+    assert second.mean("cost_usd_spent") == 0.0
+
+    stub.reset()
+    run(
+        research_cfg(
+            tmp_path,
+            "llm=openai",
+            "dataset=curated",
+            "strategy=multi-question",
+            "experiment.cache=false",
+        )
+    )
+    assert stub.requests == calls_first
+
+
+def test_cache_key_includes_seed_and_model(tmp_path: Path, stub: StubServer) -> None:
+    base = ("llm=openai", "dataset=single_book", "strategy=multi-question")
+    run(research_cfg(tmp_path, *base))
+    stub.reset()
+    run(research_cfg(tmp_path, *base, "experiment.seed=7"))
+    assert stub.requests > 0, "another seed is another call"
+    stub.reset()
+    run(research_cfg(tmp_path, *base, "llm.model=gpt-4.1-nano"))
+    assert stub.requests > 0, "another model is another call"
+
+
+def test_dry_run_calls_no_llm_and_prints_estimates(
+    tmp_path: Path, stub: StubServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = research_cfg(
+        tmp_path, "llm=openai", "dataset=all", "experiment.dry_run=true", "strategy=multi-hop"
+    )
+    result = run(cfg)
+    out = capsys.readouterr().out
+    assert stub.requests == 0
+    assert result.rows == [] and result.estimate is not None
+    estimate = result.estimate
+    assert estimate.questions == 9 and estimate.follow_ups == 2
+    # Worst case of multi-hop with 3 hops: 2 analyses + 1 generation per question, + rewrites.
+    assert estimate.worst_calls_total() == 3 * 9 + 2
+    assert estimate.calls <= estimate.worst_calls_total()
+    worst = estimate.worst_tokens()
+    assert worst is not None and worst[1] == (3 * 9 + 2) * 512
+    assert "no LLM was called" in out and "worst case" in out and "gpt-4o-mini" in out
+    assert not (tmp_path / "mlruns.db").exists(), "a dry run logs no MLflow run"
+
+
+def test_repeats_give_every_question_once_per_repeat(tmp_path: Path) -> None:
+    result = run(
+        research_cfg(tmp_path, "dataset=curated", "experiment.repeats=3", "tracking.enabled=false")
+    )
+    by_repeat = [sorted(r.question_id for r in result.rows if r.repeat == k) for k in range(3)]
+    assert by_repeat[0] == by_repeat[1] == by_repeat[2] and len(by_repeat[0]) == 5
+    assert result.aggregates["recall_at_k"].total == 15
+
+
+def test_config_hash_ignores_only_what_does_not_change_rows() -> None:
+    config = {
+        "strategy": {"max_hops": 3},
+        "experiment": {"concurrency": 4, "resume": "auto"},
+        "paths": {"corpus": "books", "store": "/a"},
+        "tracking": {"uri": "x"},
+    }
+    same = {
+        "strategy": {"max_hops": 3},
+        "experiment": {"concurrency": 16, "resume": "never"},
+        "paths": {"corpus": "books", "store": "/b"},
+        "tracking": {"uri": "y"},
+    }
+    other = {**config, "strategy": {"max_hops": 2}}
+    other_corpus = {**config, "paths": {"corpus": "elsewhere", "store": "/a"}}
+    assert config_hash(config, "d1") == config_hash(same, "d1")
+    assert config_hash(config, "d1") != config_hash(other, "d1")
+    assert config_hash(config, "d1") != config_hash(other_corpus, "d1")
+    assert config_hash(config, "d1") != config_hash(config, "d2")
+
+
+def test_journal_skips_a_torn_line_and_appends_after_it(tmp_path: Path) -> None:
+    from experiments.evaluate import QuestionRow
+
+    row = QuestionRow("c1", "q1", "single_book", "factual", 1, "Q?", "A")
+    journal = Journal(tmp_path, "run").open()
+    journal.append("0:c1", [row])
+    journal.close()
+    with journal.path.open("a") as handle:
+        handle.write('{"case": "0:c2", "rows": [')  # the kill hit mid-write
+    reopened = Journal(tmp_path, "run")
+    assert list(reopened.done()) == ["0:c1"]
+    reopened.open().append("0:c2", [row])
+    assert list(reopened.done()) == ["0:c1", "0:c2"]
+    assert reopened.busy()
+    reopened.close()
+    assert not reopened.busy()
+
+
+def _harness_args(tmp: Path) -> list[str]:
+    return [
+        f"paths.corpus={FIXTURE_BOOKS}",
+        f"paths.questions={FIXTURE_QUESTIONS}",
+        f"paths.store={tmp / 'store'}",
+        f"paths.journals={tmp / 'journals'}",
+        f"tracking.uri=sqlite:///{tmp / 'mlruns.db'}",
+        "experiment.progress=false",
+        "experiment.ragas=false",
+        "dataset=all",
+        "experiment.concurrency=1",
+        "++llm._target_=tests.fakes.SlowLLM",
+        "++llm.delay_s=1.0",
+    ]
+
+
+def _harness(tmp: Path, *extra: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "experiments.run", *_harness_args(tmp), *extra],
+        cwd=PROJECT_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _wait_for_lines(folder: Path, lines: int, process: subprocess.Popen[str]) -> Path:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        for file in folder.glob("*.jsonl"):
+            if file.read_text().count("\n") >= lines:
+                return file
+        assert process.poll() is None, "the run ended before it could be killed"
+        time.sleep(0.1)
+    raise AssertionError("the run journaled nothing in 300 s")
+
+
+def test_kill_9_then_resume_runs_every_question_exactly_once(tmp_path: Path) -> None:
+    # 1. A real harness process, killed with SIGKILL after two cases are journaled.
+    first = _harness(tmp_path)
+    journal = _wait_for_lines(tmp_path / "journals", 2, first)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait(timeout=30)
+    out_first = first.stdout.read() if first.stdout else ""
+    assert first.returncode == -signal.SIGKILL
+    run_id = journal.stem
+    done_before = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert 2 <= len(done_before) < 7, out_first
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlruns.db'}")
+    assert mlflow.get_run(run_id).info.status == "RUNNING"
+
+    # 2. Resume it by id: only the missing questions are asked, the run ends complete.
+    second = _harness(tmp_path, f"experiment.resume={run_id}")
+    out, _ = second.communicate(timeout=600)
+    assert second.returncode == 0, out
+    assert f"resuming run {run_id}" in out
+    finished = mlflow.get_run(run_id)
+    assert finished.info.status == "FINISHED"
+    table = mlflow.load_table("questions.json", run_ids=[run_id])
+    ids = list(table["question_id"])
+    assert len(ids) == len(set(ids)) == 9 == finished.data.metrics["questions"]
+    # Journaled questions were not asked again: their rows are the killed process's rows.
+    for entry in done_before:
+        for row in entry["rows"]:
+            logged = table[table["question_id"] == row["question_id"]].iloc[0]
+            assert json.loads(logged["timings"]) == row["timings"]
+    assert not journal.exists(), "a complete run leaves no journal"
+
+
+def test_resume_refuses_a_run_of_another_config(tmp_path: Path) -> None:
+    first = _harness(tmp_path)
+    journal = _wait_for_lines(tmp_path / "journals", 1, first)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait(timeout=30)
+    other = _harness(tmp_path, f"experiment.resume={journal.stem}", "strategy=single")
+    out, _ = other.communicate(timeout=600)
+    assert other.returncode == 2
+    assert "another configuration" in out and journal.stem in out
