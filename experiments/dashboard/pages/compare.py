@@ -1,4 +1,4 @@
-"""Compare: metrics side by side, cost vs quality, recall per hop, hop counts, per-question diff."""
+"""Compare: metrics, cost vs quality, recall per hop, hop counts; two runs: significance, diff."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from experiments.dashboard.data import (
     recall_curve,
     schema_warning,
 )
+from experiments.dashboard.significance_view import render_significance
 
 st.title("Compare runs")
 runs = selection.require_runs()
@@ -100,6 +101,10 @@ if len(with_tables) < 2:
 a_col, b_col = st.columns(2)
 run_a = a_col.selectbox("Run A", with_tables, 0, format_func=labels.__getitem__, key="diff_a")
 run_b = b_col.selectbox("Run B", with_tables, 1, format_func=labels.__getitem__, key="diff_b")
+by_id = picked.set_index("run_id", drop=False)
+render_significance(by_id.loc[run_a], by_id.loc[run_b], labels)
+
+st.subheader("Questions")
 k1, k2 = st.columns(2)
 RIGHT: dict[Criterion, str] = {"all_gold": "all gold passages in context", "f1": "F1 ≥ threshold"}
 criterion: Criterion = k1.radio(
