@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from caprag.books import BOOK_ID, Book, BookMeta, Passage, slugify
 from caprag.errors import ConfigError
 from experiments.data import Dataset, EvalCase
-from experiments.questions import DatasetError, GoldQuestion, read_jsonl
+from experiments.questions import DatasetError, GoldQuestion, explain, read_jsonl
 
 Mode = Literal["pooled", "distractor"]
 MODES: tuple[Mode, ...] = ("pooled", "distractor")
@@ -77,14 +77,6 @@ def passage_id(book_id: str, title: str, text: str) -> str:
     return f"{book_id}/{slugify(title) or 'p'}-{digest}"
 
 
-def _explain(exc: ValidationError) -> str:
-    parts = []
-    for error in exc.errors():
-        where = ".".join(str(x) for x in error["loc"])
-        parts.append(f"{where}: {error['msg']}" if where else error["msg"])
-    return "; ".join(parts)
-
-
 def read_benchmark(path: Path | str) -> list[tuple[int, BenchmarkRecord]]:
     """Every record with its line number; DatasetError (file:line) on the first bad line."""
     path = Path(path)
@@ -97,7 +89,7 @@ def read_benchmark(path: Path | str) -> list[tuple[int, BenchmarkRecord]]:
             record = BenchmarkRecord.model_validate(value)
             record.check()
         except ValidationError as exc:
-            raise DatasetError(path, number, _explain(exc)) from None
+            raise DatasetError(path, number, explain(exc)) from None
         except ValueError as exc:
             raise DatasetError(path, number, str(exc)) from None
         if record.id in seen:
@@ -203,7 +195,7 @@ def load_benchmark(
         try:  # every line is checked, also those the limits leave out
             case = _case(name, record, mode)
         except ValidationError as exc:
-            raise DatasetError(path, number, _explain(exc)) from None
+            raise DatasetError(path, number, explain(exc)) from None
         if types is not None and record.type not in types:
             continue
         if limit_per_set is not None and per_set[case.set] >= limit_per_set:

@@ -27,11 +27,9 @@ class RunNotReadable(Exception):
 def load(run_id: str, uri: str) -> LoadedRun:
     """The run with its per-question table, from whichever experiment holds it."""
     try:
-        experiment_id = mlflow.get_run(run_id).info.experiment_id
+        run = load_run(run_id)
     except mlflow.exceptions.MlflowException as exc:
         raise RunNotReadable(f"no run {run_id!r} in the MLflow store {uri}") from exc
-    mlflow.set_experiment(experiment_id=experiment_id)  # load_run reads the active experiment
-    run = load_run(run_id)
     if run.questions.empty:
         raise RunNotReadable(
             f"run {run_id} has no per-question table ({TABLE}): it failed before any question "

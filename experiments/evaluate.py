@@ -119,7 +119,8 @@ def score_retrieval(turn: GoldQuestion, result: AskResult, k: int) -> Scores:
 
 
 def score_answer(turn: GoldQuestion, result: AskResult) -> Scores:
-    """Exact match and token F1 for answerable questions; refusal for unanswerable ones."""
+    """Exact match and token F1 (best over the gold answer and its aliases) for answerable
+    questions; refusal for unanswerable ones."""
     refused = metrics.is_refusal(result.answer)
     if not turn.gold_passages:
         reason = "unanswerable question has no gold answer"
@@ -128,10 +129,11 @@ def score_answer(turn: GoldQuestion, result: AskResult) -> Scores:
             "f1": reason,
             "false_refusal": "question is unanswerable",
         }
+    golds = [turn.answer, *turn.answer_aliases]  # SQuAD scores against the best gold answer
     return (
         {
-            "exact_match": metrics.exact_match(result.answer, turn.answer),
-            "f1": metrics.token_f1(result.answer, turn.answer),
+            "exact_match": max(metrics.exact_match(result.answer, g) for g in golds),
+            "f1": max(metrics.token_f1(result.answer, g) for g in golds),
             "false_refusal": float(refused),
         },
         {"correct_refusal": "question is answerable"},
@@ -204,6 +206,8 @@ class Evaluator:
     progress: bool = True
     reference_text: Callable[[str], str] = lambda _pid: ""
     section_of: dict[str, str] = field(default_factory=dict)
+    gold_query_types: bool = True
+    """Whether the questions' query types are gold labels (curated sets; not benchmarks)."""
     scoped: Callable[[tuple[str, ...]], Pipeline] | None = None
     """A pipeline that searches only the given passages (a case with a `scope`: the benchmark
     distractor setting)."""
@@ -298,7 +302,7 @@ class Evaluator:
         row.values.update(score_cost(result))
         row.values.update(score_adaptive(result))
         first = result.hops[0] if result.hops else None
-        if first is not None and first.query_type:
+        if self.gold_query_types and first is not None and first.query_type:
             row.values["classified_as_gold_type"] = float(first.query_type == turn.query_type)
         gold_texts = [self.reference_text(pid) for pid in turn.gold_passages]
         for scorer in self.scorers:

@@ -89,7 +89,8 @@ def read_jsonl(path: Path) -> Iterable[tuple[int, dict[str, object]]]:
             yield number, value
 
 
-def _explain(exc: ValidationError) -> str:
+def explain(exc: ValidationError) -> str:
+    """A pydantic error as 'field: message; ...' for a file:line report."""
     parts = []
     for error in exc.errors():
         where = ".".join(str(x) for x in error["loc"])
@@ -119,7 +120,7 @@ def parse_set(
         try:
             items.append((number, _parse(set_name, value)))
         except ValidationError as exc:
-            errors.append(DatasetError(path, number, _explain(exc)))
+            errors.append(DatasetError(path, number, explain(exc)))
         except ValueError as exc:
             errors.append(DatasetError(path, number, str(exc)))
     return items, errors

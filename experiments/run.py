@@ -20,6 +20,7 @@ from hydra.errors import InstantiationException
 from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
 from caprag.errors import CapragError
 from caprag.llm import LLM, OfflineLLM
@@ -149,6 +150,7 @@ def evaluator_for(cfg: DictConfig, parts: Components, llm: LLM) -> Evaluator:
         progress=cfg.experiment.progress,
         reference_text=lambda pid: parents[pid].text if pid in parents else "",
         section_of={pid: doc.section for pid, doc in parents.items()},
+        gold_query_types=parts.dataset.books is None,
         scoped=lambda scope: pipeline(parts.strategy(llm, k, parts.index.restricted(scope))),
     )
 
@@ -359,6 +361,9 @@ def main(cfg: DictConfig) -> float | None:
         sweep_id = str(HydraConfig.get().sweep.dir)
     try:
         result = run(cfg, sweep_id=sweep_id)
+    except MissingMandatoryValue as exc:
+        print(f"error: {exc.full_key} must be set ({exc.full_key}=...)", file=sys.stderr)
+        sys.exit(2)
     except (CapragError, DatasetError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -59,7 +59,9 @@ def load_run(run_id: str) -> LoadedRun:
     run = mlflow.get_run(run_id)
     tags = run.data.tags
     try:
-        questions = mlflow.load_table(tracking.TABLE, run_ids=[run_id])
+        questions = mlflow.MlflowClient().load_table(
+            run.info.experiment_id, tracking.TABLE, run_ids=[run_id]
+        )
     except Exception:  # a run without the table (failed early, older schema)
         questions = pd.DataFrame()
     return LoadedRun(
