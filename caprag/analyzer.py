@@ -9,12 +9,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from caprag.schemas import Document, SufficiencyDecision
-from caprag.text import Reference, references, sentences, terms
+from caprag.text import Reference, entities, references, sentences, terms
 
 MAX_NEW_QUERIES = 3
 FOLLOW_FROM_TOP = 2
 MIN_UNCOVERED_SHARE = 0.3
 MIN_UNCOVERED_TERMS = 2
+MAX_BRIDGES = 2
+"""Bridge names followed per hop: each costs a passage of the fixed budget k."""
 
 
 def is_resolved(reference: Reference, documents: Sequence[Document]) -> bool:
@@ -79,6 +81,34 @@ def unresolved_references(question: str, documents: Sequence[Document]) -> list[
     return found
 
 
+def _title(section: str) -> str:
+    """A section heading without its disambiguation ('Wale (rapper)' → 'wale')."""
+    return section.split(" (")[0].strip().lower()
+
+
+def bridge_entities(question: str, documents: Sequence[Document]) -> list[str]:
+    """Names that the passages the question is about mention and the question does not, and
+    that no gathered passage is titled: the bridge to what the first hop could not find.
+
+    Ranked like references: names in sentences sharing more terms with the question first.
+    """
+    wanted = set(terms(question))
+    asked = question.lower()
+    ranked = sorted(documents, key=lambda d: (-relevance(wanted, d), -d.score, d.passage_id))
+    sources = [doc for doc in ranked[:FOLLOW_FROM_TOP] if relevance(wanted, doc) > 0]
+    titled = {_title(doc.section) for doc in documents}
+    candidates: list[tuple[int, int, str]] = []
+    for doc in sources:
+        for sentence in sentences(doc.text):
+            shared = len(wanted & set(terms(sentence)))
+            for name in entities(sentence):
+                key = name.lower()
+                if len(key) < 3 or key in asked or key in titled or _title(doc.section) in key:
+                    continue
+                candidates.append((-shared, len(candidates), name))
+    return list(dict.fromkeys(name for _s, _o, name in sorted(candidates)))
+
+
 def uncovered_terms(question: str, documents: Sequence[Document]) -> list[str]:
     """Question terms that no gathered passage contains."""
     covered: set[str] = set()
@@ -91,7 +121,8 @@ def uncovered_terms(question: str, documents: Sequence[Document]) -> list[str]:
 def decide(
     question: str, documents: Sequence[Document], searched: Sequence[str] = ()
 ) -> SufficiencyDecision:
-    """Offline decision: follow unresolved references first, then search uncovered terms."""
+    """Offline decision: follow unresolved references; in passages that cite nothing, follow the
+    names they mention but the question does not (a bridge); else search uncovered terms."""
     asked = {q.strip().lower() for q in searched}
     queries: list[str] = []
     reasons: list[str] = []
@@ -104,9 +135,17 @@ def decide(
         reasons.append(
             "unresolved references: " + ", ".join(r.query() for r in refs[:MAX_NEW_QUERIES])
         )
+    # A corpus that writes its cross-references as citations is followed by them alone; text
+    # without any (encyclopaedic articles) is followed by the names it mentions.
+    cites = any(references(doc.text) for doc in documents)
+    bridges = [] if cites else bridge_entities(question, documents)
+    bridges = [b for b in bridges if b.lower() not in asked][:MAX_BRIDGES]
+    if bridges:
+        reasons.append("named by the passages but not gathered: " + ", ".join(bridges))
+        queries += [b for b in bridges if b not in queries]
     missing = uncovered_terms(question, documents)
     share = len(missing) / max(len(set(terms(question))), 1)
-    if len(missing) >= MIN_UNCOVERED_TERMS and share >= MIN_UNCOVERED_SHARE:
+    if not bridges and len(missing) >= MIN_UNCOVERED_TERMS and share >= MIN_UNCOVERED_SHARE:
         reasons.append("question terms not covered: " + ", ".join(missing))
         query = " ".join(missing)
         if query.lower() not in asked and query not in queries:

@@ -78,3 +78,49 @@ def test_entities_find_rule_names() -> None:
         "Trained by a Veteran",
         "Rapid Strike",
     ]
+
+
+KELD = doc(
+    "hotpotqa/keld-bordinggaard-1",
+    "Hotpotqa",
+    "Keld Bordinggaard",
+    1,
+    "Keld Bordinggaard is a Danish football manager. As a player he spent most of his career at "
+    "Odense Boldklub, the professional football club he joined in 1980.",
+)
+ODENSE = doc(
+    "hotpotqa/odense-boldklub-2",
+    "Hotpotqa",
+    "Odense Boldklub",
+    2,
+    "Odense Boldklub is a Danish professional football club that won three Danish championships.",
+)
+BRIDGE_QUESTION = (
+    "Which Danish championship-winning professional club did Keld Bordinggaard play for?"
+)
+
+
+def test_passages_without_citations_are_followed_by_the_names_they_mention() -> None:
+    decision = decide(BRIDGE_QUESTION, [KELD])
+    assert not decision.sufficient
+    assert decision.new_queries[0] == "Odense Boldklub"
+    assert "Keld Bordinggaard" not in decision.new_queries, "the question names it already"
+    assert "named by the passages" in decision.reasoning
+
+
+def test_a_bridge_whose_passage_is_gathered_or_searched_is_not_followed_again() -> None:
+    assert "Odense Boldklub" not in decide(BRIDGE_QUESTION, [KELD, ODENSE]).new_queries
+    searched = decide(BRIDGE_QUESTION, [KELD], searched=[BRIDGE_QUESTION, "Odense Boldklub"])
+    assert "Odense Boldklub" not in searched.new_queries
+
+
+def test_a_corpus_with_citations_is_followed_by_citations_not_by_names() -> None:
+    rule = doc(
+        "talents/iron-grip",
+        "Talents",
+        "Iron Grip",
+        22,
+        "Iron Grip lets a Bruiser hold a Wyrmling; it works like Grapple (Combat, p. 12).",
+    )
+    decision = decide("What does Iron Grip do?", [rule])
+    assert decision.new_queries == ["Grapple (Combat, p. 12)"]
