@@ -88,7 +88,8 @@ def _title(section: str) -> str:
 
 def bridge_entities(question: str, documents: Sequence[Document]) -> list[str]:
     """Names that the passages the question is about mention and the question does not, and
-    that no gathered passage is titled: the bridge to what the first hop could not find.
+    that no gathered passage is titled: the bridge to what the first hop could not find. Only when
+    the best of those passages leaves question terms uncovered (it does not answer alone).
 
     Ranked like references: names in sentences sharing more terms with the question first.
     """
@@ -96,6 +97,12 @@ def bridge_entities(question: str, documents: Sequence[Document]) -> list[str]:
     asked = question.lower()
     ranked = sorted(documents, key=lambda d: (-relevance(wanted, d), -d.score, d.passage_id))
     sources = [doc for doc in ranked[:FOLLOW_FROM_TOP] if relevance(wanted, doc) > 0]
+    if not sources:
+        return []
+    best = sources[0]
+    beyond = wanted - set(terms(best.text)) - set(terms(best.section))
+    if not beyond:
+        return []  # the passage the question is about covers it: nothing to bridge to
     titled = {_title(doc.section) for doc in documents}
     candidates: list[tuple[int, int, str]] = []
     for doc in sources:

@@ -124,3 +124,8 @@ def test_a_corpus_with_citations_is_followed_by_citations_not_by_names() -> None
     )
     decision = decide("What does Iron Grip do?", [rule])
     assert decision.new_queries == ["Grapple (Combat, p. 12)"]
+
+
+def test_a_passage_that_covers_the_question_is_not_bridged_from() -> None:
+    decision = decide("Which professional football club was Keld Bordinggaard at?", [KELD])
+    assert decision.sufficient and decision.new_queries == []
