@@ -194,26 +194,7 @@ def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
                 flush=True,
             )
         start_ns = time.time_ns()
-        rows: list[QuestionRow] = []
-        for repeat in range(repeats):
-            llm = parts.llm if repeat == 0 else build_llm(cfg, repeat)
-            evaluator = evaluator_for(cfg, parts, llm)
-
-            def record(case: EvalCase, found: list[QuestionRow], r: int = repeat) -> None:
-                journal.append(case_key(r, case.id), found)
-
-            rows += asyncio.run(
-                evaluator.run(
-                    parts.dataset,
-                    done={
-                        key.split(":", 1)[1]: found
-                        for key, found in done.items()
-                        if key.startswith(f"{repeat}:")
-                    },
-                    on_case=record,
-                    repeat=repeat,
-                )
-            )
+        rows = asyncio.run(_evaluate_repeats(cfg, parts, repeats, done, journal))
         aggregates = aggregate(rows)
         summary = summary_metrics(rows)
         result = RunResult(
@@ -231,6 +212,32 @@ def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
             result.traces = _log(cfg, result, start_ns, uri=identity.uri)
     print(run_table(aggregates, summary))
     return result
+
+
+async def _evaluate_repeats(
+    cfg: DictConfig,
+    parts: Components,
+    repeats: int,
+    done: dict[str, list[QuestionRow]],
+    journal: Journal,
+) -> list[QuestionRow]:
+    """Every repeat in one event loop (HTTP clients are bound to the loop that opened them)."""
+    rows: list[QuestionRow] = []
+    for repeat in range(repeats):
+        llm = parts.llm if repeat == 0 else build_llm(cfg, repeat)
+        evaluator = evaluator_for(cfg, parts, llm)
+
+        def record(case: EvalCase, found: list[QuestionRow], r: int = repeat) -> None:
+            journal.append(case_key(r, case.id), found)
+
+        prefix = f"{repeat}:"
+        rows += await evaluator.run(
+            parts.dataset,
+            done={k.removeprefix(prefix): v for k, v in done.items() if k.startswith(prefix)},
+            on_case=record,
+            repeat=repeat,
+        )
+    return rows
 
 
 def _log(cfg: DictConfig, result: RunResult, start_ns: int, uri: str | None) -> int:

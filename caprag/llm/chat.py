@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from typing import Any, TypeVar
@@ -57,6 +58,7 @@ class ChatModelLLM(LLM):
         self.parse_attempts = parse_attempts
         self.backend = backend
         self.cache = cache
+        self._runnables: dict[type[BaseModel], Any] = {}
 
     def _key(
         self,
@@ -99,6 +101,15 @@ class ChatModelLLM(LLM):
                 step=usage.step,
             )
 
+    def _runnable(self, schema: type[BaseModel]) -> Any:
+        """The structured-output runnable of a schema, built once (building it costs more CPU
+        than the rest of a call's client work)."""
+        if schema not in self._runnables:
+            self._runnables[schema] = self.chat.with_structured_output(
+                schema, method=self.structured_method, include_raw=True
+            )
+        return self._runnables[schema]
+
     def _usage(
         self,
         step: str,
@@ -137,17 +148,13 @@ class ChatModelLLM(LLM):
             self.model,
             prompt,
             messages,
-            schema=schema.model_json_schema(),
+            schema=_json_schema(schema),
             method=self.structured_method,
         )
         replayed = self._replay(key, step)
         if replayed is not None:
             return LLMResult(value=schema.model_validate(replayed[0]), usage=replayed[1])
-        runnable = self.chat.with_structured_output(
-            schema,
-            method=self.structured_method,
-            include_raw=True,
-        )
+        runnable = self._runnable(schema)
         detail = ""
         spent: list[CallUsage] = []
         for _attempt in range(self.parse_attempts):
@@ -244,6 +251,11 @@ class ChatModelLLM(LLM):
             passages=format_passages(documents) or "(none)",
             max_missing=str(MAX_QUERIES),
         )
+
+
+@functools.cache
+def _json_schema(schema: type[BaseModel]) -> dict[str, Any]:
+    return schema.model_json_schema()
 
 
 def _raw_text(raw: Any) -> str:

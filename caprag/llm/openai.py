@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 from langchain_openai import ChatOpenAI
 
 from caprag.errors import MissingAPIKeyError
@@ -28,6 +29,10 @@ def openai_chat(
         )
     return ChatOpenAI(
         model=model,
+        # Its own connection pool: langchain-openai otherwise shares one per base URL across the
+        # process, and connections opened in one event loop (one run) fail in the next, which
+        # resends requests (billed twice).
+        http_async_client=httpx.AsyncClient(timeout=timeout_s),
         api_key=api_key,  # type: ignore[arg-type]
         base_url=base_url,
         temperature=temperature,

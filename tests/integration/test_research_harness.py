@@ -113,6 +113,22 @@ def test_repeats_give_every_question_once_per_repeat(tmp_path: Path) -> None:
     assert result.aggregates["recall_at_k"].total == 15
 
 
+def test_repeats_send_each_call_once_with_their_own_seed(tmp_path: Path, stub: StubServer) -> None:
+    cfg = research_cfg(
+        tmp_path,
+        "llm=openai",
+        "dataset=curated",
+        "experiment.repeats=2",
+        "experiment.concurrency=8",
+        "experiment.seed=5",
+        "tracking.enabled=false",
+    )
+    result = run(cfg)
+    assert stub.requests == sum(r.values["llm_calls"] for r in result.rows) > 0
+    seeds = {body.get("seed") for body in stub.bodies}
+    assert seeds == {5, 6}
+
+
 def test_config_hash_ignores_only_what_does_not_change_rows() -> None:
     config = {
         "strategy": {"max_hops": 3},
