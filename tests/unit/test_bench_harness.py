@@ -1,0 +1,46 @@
+"""The harness benchmark's overhead section on a handful of questions (numbers, not speed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from caprag.schemas import Document
+from experiments.bench_harness import InstantLLM, bench_overhead
+
+PHASES = (
+    "evaluate",
+    "retrieval",
+    "scoring",
+    "graph + strategy",
+    "MLflow params",
+    "MLflow metrics + table",
+    "MLflow traces",
+    "MLflow run bookkeeping",
+    "MLflow total",
+)
+
+
+async def test_instant_llm_gives_valid_replies_and_no_usage() -> None:
+    llm = InstantLLM()
+    doc = Document(passage_id="core/torch", book_id="core", text="A torch burns for one hour.")
+    answer = await llm.generate("How long does a torch burn?", [doc])
+    assert answer.value.source_ids == ["core/torch"]
+    assert answer.usage.prompt_tokens == answer.usage.completion_tokens == 0
+    assert (await llm.analyze("q", [doc], ["q"])).value.sufficient is True
+    assert (await llm.assess("q", [doc])).value.confidence == 1.0
+
+
+@pytest.mark.slow
+def test_overhead_section_measures_every_phase() -> None:
+    result = bench_overhead(questions=6, warmup=1)
+    assert result["questions"] == 6
+    rows = {row["phase"]: row for row in result["rows"]}  # type: ignore[attr-defined]
+    assert set(rows) == set(PHASES)
+    for name in ("evaluate", "retrieval", "scoring", "MLflow traces", "MLflow total"):
+        assert rows[name]["ms_per_question"] > 0, name
+    assert rows["evaluate"]["seconds"] >= rows["retrieval"]["seconds"]
+    markdown = str(result["markdown"])
+    assert markdown.startswith("6 questions of `dataset=curated`")
+    assert "| phase | includes | total s | ms/question | CPU ms/question |" in markdown
+    for name in ("evaluate", "↳ retrieval", "↳ scoring", "MLflow traces", "MLflow total"):
+        assert f"| {name} |" in markdown
