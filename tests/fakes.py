@@ -17,7 +17,7 @@ from pydantic import BaseModel, PrivateAttr
 
 from caprag.errors import StructuredOutputError
 from caprag.llm import OfflineLLM
-from experiments.openai_stub import fill_schema
+from experiments.openai_stub import fill_schema, send_json
 
 
 class ScriptedChatModel(BaseChatModel):
@@ -113,12 +113,7 @@ class OpenAIStub:
                     stub.requests.append(body)
                     reply = stub.replies.pop(0) if stub.replies else stub.default
                 status, payload = stub._answer(body, reply)
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, status, payload)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
