@@ -183,14 +183,26 @@ def answer(body: Mapping[str, Any]) -> dict[str, Any]:
 class StubServer:
     """The stub on 127.0.0.1 in a background thread; counts requests and keeps their bodies."""
 
-    def __init__(self, latency_s: float = 0.0, port: int = 0) -> None:
+    def __init__(
+        self, latency_s: float = 0.0, port: int = 0, *, hold_until: int = 0, hold_s: float = 60.0
+    ) -> None:
         self.latency_s = latency_s
         """Seconds each request sleeps before it is answered (in its own thread)."""
+        self.hold_until = hold_until
+        """Hold every request until this many are in flight at once (0: do not hold): shows
+        that a client overlaps its requests without measuring time."""
+        self.hold_s = hold_s
+        """The longest a request is held; after one hold runs out no other is held (a deadline
+        that only catches a client that never overlaps)."""
+        self.in_flight = 0
+        self.max_in_flight = 0
+        """The most chat completions being answered at one moment."""
+        self._held_out = False
         self.requests = 0
         """Chat completions answered since start or the last reset()."""
         self.bodies: list[dict[str, Any]] = []
         """Their request bodies, in arrival order."""
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self.server = ThreadingHTTPServer(
             ("127.0.0.1", port), _handler(self), bind_and_activate=False
         )
@@ -216,6 +228,23 @@ class StubServer:
         with self._lock:
             self.requests += 1
             self.bodies.append(body)
+
+    def enter(self) -> None:
+        """One more request in flight; with `hold_until`, wait for the others to arrive."""
+        with self._lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            self._lock.notify_all()
+            if self.hold_until and not self._held_out:
+                arrived = self._lock.wait_for(
+                    lambda: self.max_in_flight >= self.hold_until, timeout=self.hold_s
+                )
+                self._held_out = self._held_out or not arrived
+
+    def leave(self) -> None:
+        """One request answered."""
+        with self._lock:
+            self.in_flight -= 1
 
     def start(self) -> StubServer:
         """Serve in a daemon thread."""
@@ -283,9 +312,13 @@ def _handler(stub: StubServer) -> type[BaseHTTPRequestHandler]:
                 self._send(400, {"error": {"message": "the stub does not stream"}})
                 return
             stub.record(body)
-            if stub.latency_s > 0:
-                time.sleep(stub.latency_s)
-            self._send(200, answer(body))
+            stub.enter()
+            try:
+                if stub.latency_s > 0:
+                    time.sleep(stub.latency_s)
+                self._send(200, answer(body))
+            finally:
+                stub.leave()
 
     return Handler
 

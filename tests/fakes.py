@@ -205,3 +205,24 @@ class SlowLLM(OfflineLLM):
     async def generate(self, question: str, documents: Any, history: Any = ()) -> Any:
         await asyncio.sleep(self.delay_s)
         return await super().generate(question, documents, history)
+
+
+class ManualClock:
+    """A clock that moves only when told: budgets tested in scripted steps, never in real time."""
+
+    def __init__(self) -> None:
+        self.time = 0.0
+
+    def now(self) -> float:
+        return self.time
+
+    def advance(self, seconds: float) -> None:
+        self.time += seconds
+
+    async def bounded(self, awaitable: Any, seconds: float) -> Any:
+        """Run to the end, then time out if the clock moved past `seconds` meanwhile."""
+        start = self.time
+        result = await awaitable
+        if self.time - start > seconds:
+            raise TimeoutError
+        return result

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from caprag.clock import Clock, MonotonicClock
 from caprag.confidence import heuristic_confidence
 from caprag.llm.base import LLM, format_passages
 from caprag.llm.usage import count_tokens
@@ -128,8 +128,11 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
         max_chunks: int = 50,
         max_context_tokens: int = 10_000,
         timeout_s: float = 5.0,
+        clock: Clock | None = None,
     ) -> None:
         super().__init__(retriever, llm, k)
+        self.clock: Clock = clock or MonotonicClock()
+        """What the timeout budget reads (tests pass one that moves only when told)."""
         self.depth_chunks = tuple(int(n) for n in depth_chunks)
         if not 1 <= max_depth <= len(self.depth_chunks):
             raise ValueError(f"max_depth must be 1-{len(self.depth_chunks)} (one per depth_chunks)")
@@ -167,7 +170,7 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
 
     async def execute(self, state: GraphState) -> GraphState:
         """1. Classify. 2. Search at the type's depth. 3. Rate confidence. 4. Deeper or stop."""
-        start = time.perf_counter()
+        start = self.clock.now()
         question = state.main_question
         forced = self._check_power(state.power) if state.power is not None else self.power
         classified = await self.llm.classify(question)
@@ -209,7 +212,7 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
                 iteration=iteration,
                 chunks=len(pool),
                 trimmed=trimmed,
-                elapsed_s=time.perf_counter() - start,
+                elapsed_s=self.clock.now() - start,
                 timed_out=found is None,
                 forced=forced is not None,
             )
@@ -230,9 +233,9 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
         """
         if since is None:
             return await self.search_many([question], n)
-        remaining = self.budget.timeout_s - (time.perf_counter() - since)
+        remaining = self.budget.timeout_s - (self.clock.now() - since)
         try:
-            return await asyncio.wait_for(self.search_many([question], n), max(remaining, 0.0))
+            return await self.clock.bounded(self.search_many([question], n), remaining)
         except TimeoutError:
             return None
 

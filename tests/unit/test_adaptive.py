@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -17,7 +16,7 @@ from caprag.state import GraphState
 from caprag.store import PassageIndex
 from caprag.strategies import STRATEGIES, AdaptiveDepthStrategy
 from caprag.strategies.adaptive import Budget, Progress, decide
-from tests.fakes import ScriptedChatModel
+from tests.fakes import ManualClock, ScriptedChatModel
 
 SIMPLE = "How long does a torch burn?"
 CROSS_REF = "What penalty does the second attack of a Flurry suffer?"
@@ -31,6 +30,8 @@ async def run(strategy: AdaptiveDepthStrategy, question: str, power: int | None 
 
 
 def adaptive(index: Any, **options: Any) -> AdaptiveDepthStrategy:
+    """The strategy on a clock that never moves by itself: no result depends on machine load."""
+    options.setdefault("clock", ManualClock())
     return AdaptiveDepthStrategy(index, OfflineLLM(), **options)
 
 
@@ -239,24 +240,27 @@ async def test_each_budget_stops_the_loop_with_its_own_reason(
 
 
 class SlowDeepRetriever:
-    """The fixture index, answering searches deeper than `fast_k` only after a long delay."""
+    """The fixture index, where a search deeper than `fast_k` moves the clock by `delay_s`."""
 
-    def __init__(self, index: PassageIndex, fast_k: int, delay_s: float) -> None:
+    def __init__(
+        self, index: PassageIndex, fast_k: int, delay_s: float, clock: ManualClock
+    ) -> None:
         self.index = index
         self.fast_k = fast_k
         self.delay_s = delay_s
+        self.clock = clock
 
     def search(self, query: str, k: int) -> list[Document]:
         if k > self.fast_k:
-            time.sleep(self.delay_s)
+            self.clock.advance(self.delay_s)
         return self.index.search(query, k)
 
 
 async def test_timeout_keeps_what_was_found_in_time(fixture_index: PassageIndex) -> None:
-    strategy = adaptive(SlowDeepRetriever(fixture_index, fast_k=5, delay_s=3.0), timeout_s=1.0)
-    started = time.perf_counter()
-    state = await run(strategy, IMPOSSIBLE)
-    assert time.perf_counter() - started < 2.5  # the depth-2 search alone takes 3 s
+    clock = ManualClock()
+    slow = SlowDeepRetriever(fixture_index, fast_k=5, delay_s=3.0, clock=clock)
+    strategy = adaptive(slow, timeout_s=1.0, clock=clock)
+    state = await run(strategy, IMPOSSIBLE)  # the depth-2 search alone takes 3 s of the 1 s
     assert [h.adaptive_decision for h in state.hops] == [
         "increase_depth",
         "budget_exhausted:timeout",

@@ -175,18 +175,16 @@ def test_bad_inputs_are_refused() -> None:
         paired_bootstrap_ci([1.0, 2.0], [2.0, 3.0], confidence=95)
 
 
-def test_ten_thousand_resamples_of_300_questions_and_10_metrics_take_well_under_a_second() -> None:
+def test_ten_thousand_resamples_of_300_questions_and_10_metrics_finish() -> None:
+    """Speed is measured by `make bench`; here a generous deadline only catches a hang."""
     rng = np.random.default_rng(0)
     values = {m: rng.random(300) for m in DEFAULT_METRICS}
     a = run_rows(values)
     b = run_rows({m: v + rng.normal(0.02, 0.1, 300) for m, v in values.items()})
-    timings = []
-    for _ in range(3):  # best of three: a busy machine should not fail the test
-        start = time.perf_counter()
-        results = compare_runs(a, b, n_resamples=10_000)
-        timings.append(time.perf_counter() - start)
+    start = time.perf_counter()
+    results = compare_runs(a, b, n_resamples=10_000)
     assert len(results) == 10 and all(c.p_value is not None for c in results)
-    assert min(timings) < 1.0, timings
+    assert time.perf_counter() - start < 120
 
 
 # --- pairing ---------------------------------------------------------------------------------
