@@ -18,8 +18,9 @@ from pydantic import BaseModel, Field, field_validator
 
 from caprag import web
 from caprag.errors import CapragError, EmptyQuestionError
-from caprag.schemas import HopTrace, Source
+from caprag.schemas import CallUsage, Source
 from caprag.services import MAX_QUESTION_CHARS, AskResult, Pipeline, build_pipeline
+from caprag.trace import HopTrace
 
 STATIC = Path(__file__).parent / "static"
 
@@ -52,6 +53,10 @@ class AskResponse(BaseModel):
     strategy: str
     hop_count: int
     hops: list[HopTrace]
+    usage: list[CallUsage] = Field(
+        description="Every LLM step of the turn in order: rule or model, tokens, cost, and for a "
+        "model call the messages exactly as sent and its reply."
+    )
     prompt_tokens: int
     completion_tokens: int
     cost_usd: float
@@ -69,6 +74,7 @@ def to_response(result: AskResult) -> AskResponse:
         strategy=result.strategy,
         hop_count=result.hop_count,
         hops=result.hops,
+        usage=result.usage,
         prompt_tokens=result.prompt_tokens,
         completion_tokens=result.completion_tokens,
         cost_usd=result.cost_usd,
@@ -129,7 +135,7 @@ def create_app(pipeline: Pipeline | None = None) -> FastAPI:
     async def index() -> str:
         """The chat page."""
         current = state["pipeline"]
-        return web.page(current.strategy.name, current.llm.backend)
+        return web.page(current.strategy.name, current.steps.backend)
 
     @app.post("/chat", response_class=HTMLResponse)
     async def chat(
@@ -146,7 +152,7 @@ def create_app(pipeline: Pipeline | None = None) -> FastAPI:
     async def health() -> dict[str, Any]:
         """Liveness and which pipeline is serving."""
         current = state["pipeline"]
-        return {"status": "ok", "strategy": current.strategy.name, "llm": current.llm.backend}
+        return {"status": "ok", "strategy": current.strategy.name, "llm": current.steps.backend}
 
     return app
 

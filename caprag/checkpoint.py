@@ -12,16 +12,12 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from caprag.errors import ConfigError
 
 CHECKPOINT_TYPES = [
-    ("caprag.schemas", name)
-    for name in (
-        "Question",
-        "Document",
-        "HopTrace",
-        "AnswerWithSources",
-        "CallUsage",
-        "SufficiencyDecision",
-        "RetrievedRef",
-    )
+    *(
+        ("caprag.schemas", name)
+        for name in ("Question", "Document", "AnswerWithSources", "CallUsage", "RetrievedRef")
+    ),
+    ("caprag.trace", "HopTrace"),
+    ("caprag.steps.analyze", "SufficiencyDecision"),
 ]
 
 

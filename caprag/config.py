@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import AliasChoices, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -17,6 +17,17 @@ StrategyName = Literal["adaptive", "multi-hop", "multi-question", "single"]
 LLMName = Literal["offline", "openai"]
 EmbeddingName = Literal["minilm", "wordllama"]
 StructuredMethod = Literal["function_calling", "json_schema", "json_mode"]
+StepChoice = Literal["auto", "rule", "llm"]
+
+
+def _step(role: str) -> Any:
+    """A per-step choice read from CAPRAG_<ROLE> (auto: the LLM when CAPRAG_LLM=openai)."""
+    env = f"CAPRAG_{role.upper()}"
+    return Field("auto", validation_alias=AliasChoices(env, role))
+
+
+ROLE_NAMES = ("expander", "analyzer", "generator", "rewriter", "classifier", "confidence")
+"""The LLM steps a user chooses rule or llm for (caprag.steps.ROLES)."""
 
 
 class Settings(BaseSettings):
@@ -29,9 +40,17 @@ class Settings(BaseSettings):
     )
     llm: LLMName = Field("offline", validation_alias=AliasChoices("CAPRAG_LLM", "llm"))
     model: str = Field("gpt-4o-mini", validation_alias=AliasChoices("CAPRAG_MODEL", "model"))
-    rewrite_model: str = Field(
-        "gpt-4o-mini", validation_alias=AliasChoices("CAPRAG_REWRITE_MODEL", "rewrite_model")
+    rewrite_model: str | None = Field(
+        None,
+        validation_alias=AliasChoices("CAPRAG_REWRITE_MODEL", "rewrite_model"),
+        description="Model of the rewrite step; unset: the same as CAPRAG_MODEL.",
     )
+    expander: StepChoice = _step("expander")
+    analyzer: StepChoice = _step("analyzer")
+    generator: StepChoice = _step("generator")
+    rewriter: StepChoice = _step("rewriter")
+    classifier: StepChoice = _step("classifier")
+    confidence: StepChoice = _step("confidence")
     price_model: str = Field(
         "gpt-4o-mini",
         validation_alias=AliasChoices("CAPRAG_PRICE_MODEL", "price_model"),
@@ -58,6 +77,11 @@ class Settings(BaseSettings):
     max_hops: int = Field(
         3, ge=1, le=10, validation_alias=AliasChoices("CAPRAG_MAX_HOPS", "max_hops")
     )
+    expand_first_hop: bool = Field(
+        False,
+        validation_alias=AliasChoices("CAPRAG_EXPAND_FIRST_HOP", "expand_first_hop"),
+        description="Multi-hop searches the question's expansion beside it on its first hop.",
+    )
     checkpointer: str = Field(
         "memory",
         validation_alias=AliasChoices("CAPRAG_CHECKPOINTER", "checkpointer"),
@@ -66,6 +90,11 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _key_for_openai(self) -> Settings:
+        chosen = [role for role in ROLE_NAMES if getattr(self, role) == "llm"]
+        if chosen and self.llm != "openai":
+            raise ConfigError(
+                f"CAPRAG_{chosen[0].upper()}=llm needs a language model: set CAPRAG_LLM=openai"
+            )
         if self.llm == "openai" and not self.openai_api_key:
             raise MissingAPIKeyError(
                 "CAPRAG_LLM=openai needs an API key: set OPENAI_API_KEY (any value for a local "
@@ -75,12 +104,14 @@ class Settings(BaseSettings):
 
 
 ENV_NAMES = {
+    **{role: f"CAPRAG_{role.upper()}" for role in ROLE_NAMES},
     "retrieval_strategy": "RETRIEVAL_STRATEGY",
     "llm": "CAPRAG_LLM",
     "embedding": "CAPRAG_EMBEDDING",
     "structured_output": "CAPRAG_STRUCTURED_OUTPUT",
     "k": "CAPRAG_K",
     "max_hops": "CAPRAG_MAX_HOPS",
+    "expand_first_hop": "CAPRAG_EXPAND_FIRST_HOP",
 }
 
 
@@ -95,5 +126,5 @@ def load_settings(**overrides: object) -> Settings:
             name = ENV_NAMES.get(field, field)
             problems.append(f"{name}={error.get('input')!r}: {error['msg']}")
         raise ConfigError("invalid settings: " + "; ".join(problems)) from None
-    except MissingAPIKeyError:
+    except ConfigError:
         raise

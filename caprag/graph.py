@@ -11,9 +11,9 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 
 from caprag.checkpoint import make_checkpointer
-from caprag.llm.base import LLM
 from caprag.schemas import AnswerWithSources, Source
 from caprag.state import GraphState
+from caprag.steps import Steps
 from caprag.strategies.base import RetrievalStrategy
 
 HISTORY_PAIRS = 20
@@ -36,13 +36,13 @@ def history_pairs(
 
 def build_graph(
     strategy: RetrievalStrategy,
-    llm: LLM,
+    steps: Steps,
     *,
     checkpointer: BaseCheckpointSaver[Any] | None = None,
     history_window: int = HISTORY_PAIRS,
     rewrite_follow_ups: bool = True,
 ) -> Any:
-    """Compile the graph; the strategy and LLM are passed in, never read from global config."""
+    """Compile the graph; the strategy and steps are passed in, never read from global config."""
 
     async def rewrite(state: GraphState) -> dict[str, Any]:
         """Make the question standalone from the history; no LLM call without history."""
@@ -54,7 +54,7 @@ def build_graph(
                 "rewrite_usage": None,
                 "timings": {"rewrite": time.perf_counter() - start},
             }
-        result = await llm.rewrite(state.question, history)
+        result = await steps.rewrite(state.question, history)
         return {
             "main_question": result.value,
             "rewrite_usage": result.usage,
@@ -76,7 +76,7 @@ def build_graph(
         """Answer from the context passages, citing them."""
         start = time.perf_counter()
         history = history_pairs(state.messages[:-1], history_window)
-        result = await llm.generate(state.main_question, state.context, history)
+        result = await steps.generate(state.main_question, state.context, history)
         by_id = {doc.passage_id: doc for doc in state.context}
         sources = [
             Source(

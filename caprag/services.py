@@ -13,29 +13,20 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from pydantic import BaseModel, Field
 
 from caprag.checkpoint import close_checkpointer, make_checkpointer
-from caprag.config import Settings, load_settings
+from caprag.config import ROLE_NAMES, Settings, load_settings
 from caprag.errors import EmptyQuestionError
 from caprag.graph import HISTORY_PAIRS, build_graph
-from caprag.llm import LLM, OfflineLLM, build_openai_llm
-from caprag.schemas import CallUsage, Document, HopTrace, Source
+from caprag.llm import StructuredClient, build_openai_client
+from caprag.schemas import CallUsage, Document, Source
 from caprag.state import GraphState
+from caprag.steps import Steps, build_steps
 from caprag.strategies import STRATEGIES, RetrievalStrategy, Retriever
+from caprag.trace import HopTrace
 
 MAX_QUESTION_CHARS = 4000
 
-LLM_BUILDERS: dict[str, Callable[[Settings], LLM]] = {
-    "offline": lambda s: OfflineLLM(price_model=s.price_model),
-    "openai": lambda s: build_openai_llm(
-        s.model,
-        api_key=s.openai_api_key,
-        base_url=s.openai_base_url,
-        rewrite_model=s.rewrite_model,
-        structured_method=s.structured_output,
-    ),
-}
-
 STRATEGY_OPTIONS: dict[str, Callable[[Settings], dict[str, Any]]] = {
-    "multi-hop": lambda s: {"max_hops": s.max_hops},
+    "multi-hop": lambda s: {"max_hops": s.max_hops, "expand_first_hop": s.expand_first_hop},
 }
 
 
@@ -75,17 +66,40 @@ def validate_question(question: str) -> str:
     return text
 
 
-def build_llm(settings: Settings) -> LLM:
-    """The LLM backend the settings name."""
-    return LLM_BUILDERS[settings.llm](settings)
+def _client(settings: Settings, model: str) -> StructuredClient:
+    return build_openai_client(
+        model,
+        api_key=settings.openai_api_key,
+        base_url=settings.openai_base_url,
+        structured_method=settings.structured_output,
+    )
+
+
+def steps_from_settings(settings: Settings) -> Steps:
+    """The steps the settings choose: CAPRAG_LLM=openai gives them a client, and each
+    CAPRAG_<ROLE> (expander, analyzer, ...) picks rule or llm for its step (auto: llm when there
+    is a client)."""
+    client = _client(settings, settings.model) if settings.llm == "openai" else None
+    rewrite = settings.rewrite_model
+    rewrite_client = (
+        _client(settings, rewrite)
+        if client is not None and rewrite and rewrite != settings.model
+        else None
+    )
+    return build_steps(
+        client,
+        rewrite_client=rewrite_client,
+        price_model=settings.price_model,
+        choices={role: getattr(settings, role) for role in ROLE_NAMES},
+    )
 
 
 def build_strategy(
-    name: str, retriever: Retriever, llm: LLM, settings: Settings
+    name: str, retriever: Retriever, steps: Steps, settings: Settings
 ) -> RetrievalStrategy:
     """The strategy the name selects, with its dependencies passed in."""
     options = STRATEGY_OPTIONS.get(name, lambda _s: {})(settings)
-    return STRATEGIES[name](retriever, llm, k=settings.k, **options)
+    return STRATEGIES[name](retriever, steps, k=settings.k, **options)
 
 
 class Pipeline:
@@ -94,7 +108,7 @@ class Pipeline:
     def __init__(
         self,
         strategy: RetrievalStrategy,
-        llm: LLM,
+        steps: Steps,
         graph: Any | None = None,
         *,
         checkpointer: BaseCheckpointSaver[Any] | None = None,
@@ -102,14 +116,14 @@ class Pipeline:
         history_window: int = HISTORY_PAIRS,
     ) -> None:
         self.strategy = strategy
-        self.llm = llm
+        self.steps = steps
         self.checkpointer = checkpointer or make_checkpointer("memory")
         self.graph = (
             graph
             if graph is not None
             else build_graph(
                 strategy,
-                llm,
+                steps,
                 checkpointer=self.checkpointer,
                 rewrite_follow_ups=rewrite_follow_ups,
                 history_window=history_window,
@@ -160,12 +174,12 @@ def build_pipeline(settings: Settings | None = None, *, ingest: bool = True) -> 
     from caprag.ingest import ingest_path, open_index
 
     settings = settings or load_settings()
-    llm = build_llm(settings)
+    steps = steps_from_settings(settings)
     if ingest:
         ingest_path(settings.corpus, settings)
     index = open_index(settings)
-    strategy = build_strategy(settings.retrieval_strategy, index, llm, settings)
-    return Pipeline(strategy, llm, checkpointer=make_checkpointer(settings.checkpointer))
+    strategy = build_strategy(settings.retrieval_strategy, index, steps, settings)
+    return Pipeline(strategy, steps, checkpointer=make_checkpointer(settings.checkpointer))
 
 
 @functools.cache

@@ -8,7 +8,8 @@ from typing import Annotated
 from langchain_core.messages import AnyMessage
 from langgraph.graph.message import add_messages
 
-from caprag.schemas import AnswerWithSources, CallUsage, Document, HopTrace, Question
+from caprag.schemas import AnswerWithSources, CallUsage, Document, Question
+from caprag.trace import HopTrace
 
 
 def merge_timings(old: dict[str, float], new: dict[str, float]) -> dict[str, float]:

@@ -26,15 +26,12 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from caprag.config import PROJECT_ROOT
-from caprag.llm.base import LLM, History, LLMResult
-from caprag.schemas import (
-    CallUsage,
-    ConfidenceAssessment,
-    Document,
-    GeneratedAnswer,
-    QueryClass,
-    SufficiencyDecision,
-)
+from caprag.schemas import CallUsage, Document
+from caprag.steps import StepResult, Steps
+from caprag.steps.analyze import SufficiencyDecision
+from caprag.steps.assess import ConfidenceAssessment
+from caprag.steps.classify import QueryClass
+from caprag.steps.generate import GeneratedAnswer
 
 CONF = PROJECT_ROOT / "conf"
 STUB_LATENCY_S = 0.2
@@ -51,51 +48,40 @@ QUIET_ENV = {
 }
 
 
-class InstantLLM(LLM):
-    """Minimal valid replies at once and zero usage: what is left is the harness's own time."""
+class InstantStep:
+    """One step answered at once with a minimal valid value and zero usage."""
 
-    backend = "instant"
+    kind = "llm"
+    model = "instant"
 
-    def __init__(self, price_model: str = "gpt-4o-mini") -> None:
-        self.model = "instant"
-        self.price_model = price_model
+    def __init__(self, step: str, reply: Callable[..., Any]) -> None:
+        self.step = step
+        self.reply = reply
 
-    def _result(self, step: str, value: Any) -> LLMResult[Any]:
-        return LLMResult(value=value, usage=CallUsage(step=step, model=self.model))
+    async def __call__(self, question: str, *args: Any) -> StepResult[Any]:
+        return StepResult(self.reply(question, *args), CallUsage(step=self.step, model=self.model))
 
-    async def expand(self, question: str, n: int) -> LLMResult[list[str]]:
-        """No sub-questions."""
-        return self._result("expand", [])
 
-    async def analyze(
-        self, question: str, documents: Sequence[Document], searched: Sequence[str]
-    ) -> LLMResult[SufficiencyDecision]:
-        """Always sufficient."""
-        return self._result("analyze", SufficiencyDecision(sufficient=True))
+def _first_passage(question: str, documents: Sequence[Document], *_history: Any) -> Any:
+    """The first passage's opening, citing it."""
+    if not documents:
+        return GeneratedAnswer(answer="The rulebooks do not say.")
+    first = documents[0]
+    return GeneratedAnswer(answer=first.text[:200], source_ids=[first.passage_id])
 
-    async def generate(
-        self, question: str, documents: Sequence[Document], history: History = ()
-    ) -> LLMResult[GeneratedAnswer]:
-        """The first passage's opening, citing it."""
-        if not documents:
-            return self._result("generate", GeneratedAnswer(answer="The rulebooks do not say."))
-        first = documents[0]
-        answer = GeneratedAnswer(answer=first.text[:200], source_ids=[first.passage_id])
-        return self._result("generate", answer)
 
-    async def rewrite(self, question: str, history: History) -> LLMResult[str]:
-        """The question as asked."""
-        return self._result("rewrite", question)
-
-    async def classify(self, question: str) -> LLMResult[QueryClass]:
-        """Always factual."""
-        return self._result("classify", QueryClass(query_type="factual"))
-
-    async def assess(
-        self, question: str, documents: Sequence[Document]
-    ) -> LLMResult[ConfidenceAssessment]:
-        """Always fully confident."""
-        return self._result("assess", ConfidenceAssessment(confidence=1.0))
+def instant_steps(**_group: Any) -> Steps:
+    """Steps that answer at once (no sub-questions, always sufficient and confident, the first
+    passage as the answer): what is left of a run's time is the harness's own. Built as
+    `llm._target_` (the llm group's other keys are ignored)."""
+    return Steps(
+        expand=InstantStep("expand", lambda _q, _n: []),
+        analyze=InstantStep("analyze", lambda *_a: SufficiencyDecision(sufficient=True)),
+        generate=InstantStep("generate", _first_passage),
+        rewrite=InstantStep("rewrite", lambda question, _h: question),
+        classify=InstantStep("classify", lambda _q: QueryClass(query_type="factual")),
+        assess=InstantStep("assess", lambda *_a: ConfidenceAssessment(confidence=1.0)),
+    )
 
 
 # --- running the harness ------------------------------------------------------------------------
@@ -256,7 +242,7 @@ def stub_requests(base_url: str) -> int:
 
 def bench_overhead(questions: int = 100, warmup: int = 5) -> dict[str, object]:
     """Harness time per question with an LLM that answers instantly, by phase."""
-    llm = ["llm=offline", f"llm._target_={InstantLLM.__module__}.InstantLLM"]
+    llm = ["llm=offline", f"++llm._target_={instant_steps.__module__}.instant_steps"]
     common = [*llm, "retriever=wordllama", "dataset=curated", "experiment.concurrency=1"]
     with tempfile.TemporaryDirectory() as tmp, environment(**QUIET_ENV):
         folder = Path(tmp)

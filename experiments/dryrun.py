@@ -30,9 +30,15 @@ from experiments.data import Dataset, EvalCase
 DEFAULT_PRICE_MODEL = "gpt-4o-mini"
 
 
+def client_config(cfg: DictConfig) -> Any:
+    """The configured LLM client's settings (empty for llm=offline)."""
+    return cfg.llm.get("client") or {}
+
+
 def estimate_price_model(cfg: DictConfig) -> str:
     """The model the run's calls would be billed as (offline: its reference price model)."""
-    return str(cfg.llm.get("model") or cfg.llm.get("price_model") or DEFAULT_PRICE_MODEL)
+    model = client_config(cfg).get("model")
+    return str(model or cfg.llm.get("price_model") or DEFAULT_PRICE_MODEL)
 
 
 @dataclass
@@ -191,7 +197,8 @@ def estimate_cost(
             cost.completion_tokens += usage.completion_tokens
             cost.max_prompt_tokens = max(cost.max_prompt_tokens, usage.prompt_tokens)
     repeats = max(1, int(cfg.experiment.repeats))
-    cap: Any = cfg.llm.get("max_output_tokens")
+    client = client_config(cfg)
+    cap: Any = client.get("max_output_tokens")
     follow_ups = sum(len(case.turns) - 1 for case in dataset.cases) * repeats
     notes = [
         "Sample calls follow the offline backend's decisions (a real LLM may stop earlier or go "
@@ -200,12 +207,12 @@ def estimate_cost(
     ]
     if cap is None:
         notes.append("No output cap is configured: worst-case completions use the sample's.")
-    if cfg.llm.get("parse_attempts", 1) > 1:
+    if client.get("parse_attempts", 1) > 1:
         notes.append(
-            f"Replies that do not parse are retried up to {cfg.llm.parse_attempts} times; the "
+            f"Replies that do not parse are retried up to {client.parse_attempts} times; the "
             "worst case assumes every reply parses."
         )
-    if cfg.experiment.cache and "cache" in cfg.llm:
+    if cfg.experiment.cache and "cache" in client:
         notes.append("Calls already in the response cache will cost nothing; not subtracted here.")
     if results:
         per_question = statistics.fmean(len(r.usage) for r in results)

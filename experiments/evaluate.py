@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from tqdm import tqdm
 
+from caprag.llm import StepFailedError
 from caprag.services import AskResult, Pipeline
 from experiments import metrics
 from experiments.data import Dataset, EvalCase
@@ -61,6 +62,10 @@ class QuestionRow:
     missing: dict[str, str] = field(default_factory=dict)
     trace: list[dict[str, Any]] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    """Every LLM step of the turn in order (CallUsage as data): rule or model, tokens, and for a
+    model call the messages as sent, the reply, attempts and any error. A question that failed on
+    a call keeps that call."""
 
     def record(self) -> dict[str, Any]:
         """A flat row for tables (MLflow, pandas): lists and dicts as JSON strings."""
@@ -82,6 +87,7 @@ class QuestionRow:
             "missing": json.dumps(self.missing),
             "trace": json.dumps(self.trace),
             "timings": json.dumps(self.timings),
+            "calls": json.dumps(self.calls),
         }
         row.update(self.values)
         return row
@@ -184,6 +190,9 @@ def trace_of(
     hops = []
     for hop in result.hops:
         data = hop.model_dump()
+        for usage in data["usage"]:  # the messages and reply are kept once, in the row's calls
+            usage.pop("messages", None)
+            usage.pop("reply", None)
         for ref in data["documents"]:
             ref["gold"] = ref["passage_id"] in gold
             ref["section"] = passages.get(ref["passage_id"], "")
@@ -285,6 +294,8 @@ class Evaluator:
                 row.status, row.error = "failed", f"timed out after {self.question_timeout_s:g}s"
             except Exception as exc:  # isolation: record the failure, go on with the run
                 row.status, row.error = "failed", f"{type(exc).__name__}: {exc}"
+                if isinstance(exc, StepFailedError):
+                    row.calls = [exc.usage.model_dump(mode="json")]
             rows.append(row)
             if bar is not None:
                 bar.update(1)
@@ -296,6 +307,7 @@ class Evaluator:
         row.context_ids = [d.passage_id for d in result.context]
         row.timings = {**result.timings, "total": result.latency_s}
         row.trace = trace_of(result, self.section_of, turn.gold_passages)
+        row.calls = [usage.model_dump(mode="json") for usage in result.usage]
         for values, missing in (score_retrieval(turn, result, self.k), score_answer(turn, result)):
             row.values.update(values)
             row.missing.update(missing)

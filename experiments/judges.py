@@ -20,7 +20,12 @@ class RagasJudge:
     names = ("judge_faithfulness", "judge_answer_relevancy", "judge_context_precision")
 
     def __init__(
-        self, model: str, api_key: str | None, base_url: str | None, embedding: str = "minilm"
+        self,
+        model: str,
+        api_key: str | None,
+        base_url: str | None,
+        embedding: str = "minilm",
+        max_output_tokens: int | None = 1024,
     ) -> None:
         if not api_key:
             raise MissingAPIKeyError(
@@ -35,7 +40,9 @@ class RagasJudge:
 
         self.model = model
         client = AsyncOpenAI(api_key=api_key, base_url=base_url)
-        llm = llm_factory(model, client=client)
+        # An output cap every server honours (a small local model may otherwise never stop).
+        caps: dict[str, Any] = {"max_tokens": max_output_tokens} if max_output_tokens else {}
+        llm = llm_factory(model, client=client, **caps)
         self.metrics: list[tuple[str, Any, str]] = [
             ("judge_faithfulness", Faithfulness(llm=llm), "contexts"),
             (

@@ -23,15 +23,15 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from caprag.errors import CapragError
-from caprag.llm import LLM, OfflineLLM
+from caprag.llm import StructuredClient
 from caprag.llm.usage import PRICE_TABLE_VERSION
-from caprag.prompts import prompt_versions
 from caprag.services import Pipeline
+from caprag.steps import ROLES, Steps, build_steps, prompt_versions, rule_steps
 from caprag.store import PassageIndex
 from caprag.strategies import RetrievalStrategy, Retriever
 from experiments import tracking
 from experiments.data import Dataset, EvalCase
-from experiments.dryrun import CostEstimate, estimate_cost, estimate_price_model
+from experiments.dryrun import CostEstimate, client_config, estimate_cost, estimate_price_model
 from experiments.evaluate import (
     Aggregate,
     Evaluator,
@@ -74,14 +74,16 @@ class Components:
     """What a run is made of, built from config; the LLM is rebuilt per repeat (its seed)."""
 
     dataset: Dataset
-    llm: LLM
+    steps: Steps
     scorers: list[Scorer]
     index: PassageIndex
     make_strategy: Callable[..., RetrievalStrategy]
 
-    def strategy(self, llm: LLM, k: int, retriever: Retriever | None = None) -> RetrievalStrategy:
-        """The configured strategy over the index (or a narrower retriever) and an LLM."""
-        return self.make_strategy(retriever=retriever or self.index, llm=llm, k=k)
+    def strategy(
+        self, steps: Steps, k: int, retriever: Retriever | None = None
+    ) -> RetrievalStrategy:
+        """The configured strategy over the index (or a narrower retriever) and the steps."""
+        return self.make_strategy(retriever=retriever or self.index, steps=steps, k=k)
 
 
 def _build(cfg: DictConfig, what: str, **overrides: Any) -> Any:
@@ -95,11 +97,28 @@ def _build(cfg: DictConfig, what: str, **overrides: Any) -> Any:
         raise CapragError(f"cannot build {what}: {exc}") from exc
 
 
-def build_llm(cfg: DictConfig, repeat: int = 0) -> LLM:
-    """The configured LLM; a backend with a seed gets experiment.seed + repeat."""
-    if "seed" in cfg.llm:
-        return _build(cfg.llm, "the LLM backend", seed=int(cfg.experiment.seed) + repeat)
-    return _build(cfg.llm, "the LLM backend")
+def steps_from_config(cfg: DictConfig, repeat: int = 0) -> Steps:
+    """The configured steps: each role (expander, analyzer, ...) by its rule or by the `llm`
+    group's client; a client with a seed gets experiment.seed + repeat. An `llm._target_` (tests,
+    benchmarks) builds the whole Steps itself."""
+    if "_target_" in cfg.llm:
+        return _build(cfg.llm, "the steps")
+    settings = client_config(cfg)
+    client: StructuredClient | None = None
+    rewrite_client: StructuredClient | None = None
+    if settings:
+        seeded = {"seed": int(cfg.experiment.seed) + repeat} if "seed" in settings else {}
+        client = _build(settings, "the LLM client", **seeded)
+        rewrite_model = cfg.llm.get("rewrite_model")
+        if rewrite_model and rewrite_model != client.model:
+            rewrite_client = _build(settings, "the rewrite client", model=rewrite_model, **seeded)
+    choices = {role: str(cfg.get(role) or "auto") for role in ROLES}
+    return build_steps(
+        client,
+        rewrite_client=rewrite_client,
+        price_model=str(cfg.llm.get("price_model") or "gpt-4o-mini"),
+        choices=choices,
+    )
 
 
 def build_components(cfg: DictConfig, *, llm: bool = True) -> Components:
@@ -111,7 +130,7 @@ def build_components(cfg: DictConfig, *, llm: bool = True) -> Components:
     # 1. The questions: a broken line fails here, before any question runs.
     dataset: Dataset = _build(cfg.dataset, "the dataset")
     # 2. The LLM and judge: a missing key fails here.
-    model: LLM = build_llm(cfg) if llm else OfflineLLM(price_model=estimate_price_model(cfg))
+    model = steps_from_config(cfg) if llm else rule_steps(price_model=estimate_price_model(cfg))
     scorers: list[Scorer] = []
     if llm and cfg.experiment.get("ragas", True):
         from experiments.ragas_metrics import OfflineRagas
@@ -128,7 +147,7 @@ def build_components(cfg: DictConfig, *, llm: bool = True) -> Components:
     return Components(dataset, model, scorers, index, make_strategy)
 
 
-def evaluator_for(cfg: DictConfig, parts: Components, llm: LLM) -> Evaluator:
+def evaluator_for(cfg: DictConfig, parts: Components, llm: Steps) -> Evaluator:
     """An evaluator over one LLM (one repeat); cases with a passage scope get their own pipeline."""
     k = int(cfg.retriever.k)
     parents = parts.index.parents()
@@ -167,13 +186,13 @@ def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
     raw = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(raw, dict)
     config = {str(k): v for k, v in raw.items()}
-    strategy = parts.strategy(parts.llm, int(cfg.retriever.k))
+    strategy = parts.strategy(parts.steps, int(cfg.retriever.k))
     variant = f" power={cfg.strategy.power}" if "power" in cfg.strategy else ""
-    backend = str(cfg.llm._target_).rsplit(".", 1)[-1] if dry else parts.llm.backend
+    backend = ("llm" if client_config(cfg) else "offline") if dry else parts.steps.backend
     name = f"{cfg.experiment.name}:{strategy.name}{variant}:{parts.dataset.name}:{backend}"
     repeats = max(1, int(cfg.experiment.repeats))
     if dry:
-        pipelines = evaluator_for(cfg, parts, parts.llm)
+        pipelines = evaluator_for(cfg, parts, parts.steps)
         estimate = estimate_cost(cfg, parts.dataset, strategy, pipelines.pipeline_for)
         print(estimate.table())
         return RunResult(
@@ -183,7 +202,7 @@ def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
     times = f" x {repeats} repeats" if repeats > 1 else ""
     print(f"run {name}: {questions} questions{times}, k={cfg.retriever.k}", flush=True)
     identity = RunIdentity.resolve(cfg, config, parts.dataset)
-    tags = run_tags(cfg, identity, strategy, parts.llm)
+    tags = run_tags(cfg, identity, strategy, parts.steps)
     with identity.open(name, sweep_id, tags) as (journal, run_id):
         done = journal.done()
         resumed = sum(len(rows) for rows in done.values())
@@ -224,7 +243,7 @@ async def _evaluate_repeats(
     """Every repeat in one event loop (HTTP clients are bound to the loop that opened them)."""
     rows: list[QuestionRow] = []
     for repeat in range(repeats):
-        llm = parts.llm if repeat == 0 else build_llm(cfg, repeat)
+        llm = parts.steps if repeat == 0 else steps_from_config(cfg, repeat)
         evaluator = evaluator_for(cfg, parts, llm)
 
         def record(case: EvalCase, found: list[QuestionRow], r: int = repeat) -> None:
@@ -340,7 +359,7 @@ class RunIdentity:
 
 
 def run_tags(
-    cfg: DictConfig, identity: RunIdentity, strategy: RetrievalStrategy, llm: LLM
+    cfg: DictConfig, identity: RunIdentity, strategy: RetrievalStrategy, llm: Steps
 ) -> dict[str, str]:
     """What the dashboard and the gate filter runs by, plus versions that explain numbers."""
     return {
@@ -350,6 +369,7 @@ def run_tags(
         "caprag.config_hash": identity.config_hash,
         "caprag.llm": llm.backend,
         "caprag.model": llm.model,
+        **{f"caprag.step.{role}": kind for role, kind in llm.kinds().items()},
         "caprag.experiment": str(cfg.experiment.name),
         "caprag.git_commit": tracking.git_commit(),
         "caprag.price_table": PRICE_TABLE_VERSION,

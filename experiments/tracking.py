@@ -235,8 +235,10 @@ def _span(
     start_ns: int,
     seconds: float,
     attributes: dict[str, str] | None = None,
+    children: Sequence[Mapping[str, Any]] = (),
 ) -> int:
-    """A finished child span of `seconds` starting at start_ns; returns its end time."""
+    """A finished child span of `seconds` starting at start_ns (with a span per LLM call in
+    `children`); returns its end time."""
     span = mlflow.start_span_no_context(
         name,
         span_type=kind,
@@ -245,19 +247,63 @@ def _span(
         attributes=attributes,
         start_time_ns=start_ns,
     )
+    if children:
+        _call_spans(span, children, start_ns)
     span.set_outputs(outputs)
     end_ns = start_ns + int(seconds * 1e9)
     span.end(end_time_ns=end_ns)
     return end_ns
 
 
+def _call_spans(parent: Any, calls: Sequence[Mapping[str, Any]], start_ns: int) -> None:
+    """A CHAT_MODEL span per LLM step under `parent`: the messages as sent and the reply for a
+    model call, the step's rule and cost for a rule step."""
+    t = start_ns
+    for call in calls:
+        attributes = {
+            key: str(call[key])
+            for key in ("model", "prompt_tokens", "completion_tokens", "cost_usd", "attempts")
+            if call.get(key) is not None
+        }
+        for key in ("error", "notes", "cached"):
+            if call.get(key):
+                attributes[key] = str(call[key])
+        t = _span(
+            parent,
+            f"llm {call['step']}",
+            "CHAT_MODEL",
+            {"messages": call.get("messages") or f"(rule: no call, {call.get('prompt_version')})"},
+            {"reply": call.get("reply")},
+            t,
+            float(call.get("latency_s") or 0.0),
+            attributes,
+        )
+
+
+def _split_calls(
+    row: QuestionRow,
+) -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]], list[dict[str, Any]]]:
+    """The row's calls by node: rewrite, each hop, generate (in the order the turn made them)."""
+    calls = list(row.calls)
+    rewrite = [calls.pop(0)] if calls and calls[0].get("step") == "rewrite" else []
+    generate = [calls.pop()] if calls and calls[-1].get("step") == "generate" else []
+    hops = []
+    for hop in row.trace:
+        count = len(hop.get("usage") or [])
+        hops.append(calls[:count])
+        calls = calls[count:]
+    return rewrite, hops, generate
+
+
 def log_traces(rows: Sequence[QuestionRow], start_ns: int) -> int:
-    """One MLflow trace per question: a span per node and, under retrieve, a span per hop."""
+    """One MLflow trace per question: a span per node, under retrieve a span per hop, and under
+    those a span per LLM call with its messages as sent and its reply."""
     count = 0
     for row in rows:
         if row.status != "ok":
             continue
         t = start_ns
+        rewrite_calls, hop_calls, generate_calls = _split_calls(row)
         root = mlflow.start_span_no_context(
             f"question {row.question_id}",
             span_type="CHAIN",
@@ -273,6 +319,7 @@ def log_traces(rows: Sequence[QuestionRow], start_ns: int) -> int:
             {"main_question": row.main_question},
             t,
             row.timings.get("rewrite", 0.0),
+            children=rewrite_calls,
         )
         retrieve = mlflow.start_span_no_context(
             "retrieve",
@@ -281,7 +328,7 @@ def log_traces(rows: Sequence[QuestionRow], start_ns: int) -> int:
             inputs={"main_question": row.main_question},
             start_time_ns=t,
         )
-        for hop in row.trace:
+        for hop, calls in zip(row.trace, hop_calls, strict=True):
             t = _span(
                 retrieve,
                 f"hop {hop['hop']}",
@@ -291,6 +338,7 @@ def log_traces(rows: Sequence[QuestionRow], start_ns: int) -> int:
                 t,
                 float(hop.get("latency_s", 0.0)),
                 _hop_attributes(hop),
+                children=calls,
             )
         retrieve.set_outputs({"context": row.context_ids})
         retrieve.end(end_time_ns=t)
@@ -302,6 +350,7 @@ def log_traces(rows: Sequence[QuestionRow], start_ns: int) -> int:
             {"answer": row.answer},
             t,
             row.timings.get("generate", 0.0),
+            children=generate_calls,
         )
         root.set_outputs({"answer": row.answer, "gold_answer": row.gold_answer})
         root.end(end_time_ns=max(t, start_ns + int(row.timings.get("total", 0.0) * 1e9)))

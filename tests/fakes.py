@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 from collections.abc import Iterator, Sequence
@@ -16,7 +17,10 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import BaseModel, PrivateAttr
 
 from caprag.errors import StructuredOutputError
-from caprag.llm import OfflineLLM
+from caprag.llm import StructuredClient, build_openai_client
+from caprag.steps import Steps, build_steps, rule_steps
+from caprag.steps.analyze import RuleAnalyzer
+from caprag.steps.generate import RuleGenerator
 from experiments.openai_stub import fill_schema, send_json
 
 
@@ -176,35 +180,55 @@ def serve(
         yield stub
 
 
-class FlakyLLM(OfflineLLM):
-    """The offline backend, except that questions naming `hang_on` hang and those naming
-    `garble_on` get an unparseable analyzer reply: for failure-isolation tests."""
+def openai_steps(model: str = "gpt-4o-mini", **client: Any) -> Steps:
+    """Every step by the model behind an OpenAI-compatible endpoint."""
+    return build_steps(build_openai_client(model, **client))
 
-    def __init__(
-        self, price_model: str = "gpt-4o-mini", hang_on: str = "torch", garble_on: str = "stamina"
-    ) -> None:
-        super().__init__(price_model)
+
+def scripted_steps(chat: BaseChatModel, parse_attempts: int = 3, **choices: str) -> Steps:
+    """Every step (or those chosen llm in `choices`) by a scripted chat model through the real
+    structured-call client."""
+    client = StructuredClient(chat, "scripted", parse_attempts=parse_attempts)
+    return build_steps(client, choices=choices)
+
+
+class HangingAnalyzer(RuleAnalyzer):
+    """The rule analyzer, except that questions naming `hang_on` hang and those naming
+    `garble_on` get an unparseable reply: for failure-isolation tests."""
+
+    def __init__(self, hang_on: str, garble_on: str) -> None:
+        super().__init__()
         self.hang_on = hang_on.lower()
         self.garble_on = garble_on.lower()
 
-    async def analyze(self, question: str, documents: Any, searched: Any) -> Any:
+    async def __call__(self, question: str, documents: Any, searched: Any) -> Any:
         if self.hang_on in question.lower():
             await asyncio.sleep(3600)
         if self.garble_on in question.lower():
             raise StructuredOutputError("SufficiencyDecision", "reply was not JSON: 'Sure!'", 3)
-        return await super().analyze(question, documents, searched)
+        return await super().__call__(question, documents, searched)
 
 
-class SlowLLM(OfflineLLM):
-    """The offline backend, with every answer taking `delay_s`: a run long enough to kill."""
+def flaky_steps(hang_on: str = "torch", garble_on: str = "stamina", **_group: Any) -> Steps:
+    """The rule steps with a hanging / garbling analyzer (as `llm._target_`)."""
+    return dataclasses.replace(rule_steps(), analyze=HangingAnalyzer(hang_on, garble_on))
 
-    def __init__(self, price_model: str = "gpt-4o-mini", delay_s: float = 1.0) -> None:
-        super().__init__(price_model)
+
+class SlowGenerator(RuleGenerator):
+    """The rule generator, every answer taking `delay_s`."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__()
         self.delay_s = delay_s
 
-    async def generate(self, question: str, documents: Any, history: Any = ()) -> Any:
+    async def __call__(self, question: str, documents: Any, history: Any = ()) -> Any:
         await asyncio.sleep(self.delay_s)
-        return await super().generate(question, documents, history)
+        return await super().__call__(question, documents, history)
+
+
+def slow_steps(delay_s: float = 1.0, **_group: Any) -> Steps:
+    """The rule steps with a slow generator: a run long enough to kill (as `llm._target_`)."""
+    return dataclasses.replace(rule_steps(), generate=SlowGenerator(delay_s))
 
 
 class ManualClock:

@@ -1,8 +1,6 @@
-"""LLM backends behind one interface (`LLM`): `offline` (default) and `openai`."""
+"""The structured-call client behind every LLM step, and how to build it for an endpoint."""
 
-from caprag.llm.base import LLM, LLMResult
-from caprag.llm.chat import ChatModelLLM
-from caprag.llm.offline import OfflineLLM
-from caprag.llm.openai import build_openai_llm
+from caprag.llm.client import StepFailedError, StructuredClient
+from caprag.llm.openai import build_openai_client
 
-__all__ = ["LLM", "ChatModelLLM", "LLMResult", "OfflineLLM", "build_openai_llm"]
+__all__ = ["StepFailedError", "StructuredClient", "build_openai_client"]

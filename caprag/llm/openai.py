@@ -7,7 +7,7 @@ from langchain_openai import ChatOpenAI
 
 from caprag.errors import MissingAPIKeyError
 from caprag.llm.cache import ResponseCache
-from caprag.llm.chat import ChatModelLLM
+from caprag.llm.client import StructuredClient
 
 
 def openai_chat(
@@ -43,12 +43,11 @@ def openai_chat(
     )
 
 
-def build_openai_llm(
+def build_openai_client(
     model: str = "gpt-4o-mini",
     *,
     api_key: str | None,
     base_url: str | None = None,
-    rewrite_model: str | None = None,
     structured_method: str = "function_calling",
     max_output_tokens: int = 512,
     timeout_s: float = 60.0,
@@ -57,30 +56,25 @@ def build_openai_llm(
     temperature: float = 0.0,
     seed: int | None = None,
     cache: ResponseCache | None = None,
-) -> ChatModelLLM:
-    """Build the OpenAI-compatible backend; fails at once without a key.
+) -> StructuredClient:
+    """The structured-call client of an OpenAI-compatible endpoint; fails at once without a key.
 
     `seed` is sent with every request (servers that support it sample reproducibly) and is part
     of the cache key, so repeats with different seeds are different calls.
     """
-
-    def chat(name: str) -> ChatOpenAI:
-        return openai_chat(
-            name,
-            api_key=api_key,
-            base_url=base_url,
-            max_output_tokens=max_output_tokens,
-            timeout_s=timeout_s,
-            max_retries=max_retries,
-            temperature=temperature,
-            seed=seed,
-        )
-
-    return ChatModelLLM(
-        chat(model),
+    chat = openai_chat(
         model,
-        rewrite_chat=chat(rewrite_model) if rewrite_model and rewrite_model != model else None,
-        rewrite_model=rewrite_model,
+        api_key=api_key,
+        base_url=base_url,
+        max_output_tokens=max_output_tokens,
+        timeout_s=timeout_s,
+        max_retries=max_retries,
+        temperature=temperature,
+        seed=seed,
+    )
+    return StructuredClient(
+        chat,
+        model,
         structured_method=structured_method,
         parse_attempts=parse_attempts,
         backend="openai",

@@ -9,14 +9,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 from caprag.clock import Clock, MonotonicClock
-from caprag.confidence import heuristic_confidence
-from caprag.llm.base import LLM, format_passages
+from caprag.llm.prompt import format_passages
 from caprag.llm.usage import count_tokens
-from caprag.schemas import CallUsage, Document, HopTrace, Question
+from caprag.schemas import CallUsage, Document, Question
 from caprag.state import GraphState
+from caprag.steps import Steps
 from caprag.strategies.base import DocumentPool, RetrievalStrategy, Retriever, elapsed
+from caprag.trace import HopTrace
 
-ConfidenceMethod = Literal["heuristic", "llm"]
 BUDGETS = ("depth", "iterations", "chunks", "tokens", "timeout")
 
 
@@ -116,12 +116,11 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
     def __init__(
         self,
         retriever: Retriever,
-        llm: LLM,
+        steps: Steps,
         k: int = 8,
         *,
         query_types: Mapping[str, QueryProfile | Mapping[str, float]] | None = None,
         depth_chunks: Sequence[int] = DEFAULT_DEPTH_CHUNKS,
-        confidence: ConfidenceMethod = "heuristic",
         power: int | Literal["auto"] = "auto",
         max_depth: int = 3,
         max_iterations: int = 3,
@@ -130,7 +129,7 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
         timeout_s: float = 5.0,
         clock: Clock | None = None,
     ) -> None:
-        super().__init__(retriever, llm, k)
+        super().__init__(retriever, steps, k)
         self.clock: Clock = clock or MonotonicClock()
         """What the timeout budget reads (tests pass one that moves only when told)."""
         self.depth_chunks = tuple(int(n) for n in depth_chunks)
@@ -138,8 +137,6 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
             raise ValueError(f"max_depth must be 1-{len(self.depth_chunks)} (one per depth_chunks)")
         if any(n < 1 for n in self.depth_chunks):
             raise ValueError("every depth_chunks entry must be at least 1")
-        if confidence not in ("heuristic", "llm"):
-            raise ValueError(f"confidence must be 'heuristic' or 'llm', not {confidence!r}")
         self.profiles: dict[str, QueryProfile] = dict(DEFAULT_PROFILES)
         for query_type, profile in (query_types or {}).items():
             if query_type not in DEFAULT_PROFILES:
@@ -148,7 +145,6 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
             if not isinstance(profile, QueryProfile):
                 profile = QueryProfile(float(profile["threshold"]), int(profile["depth"]))
             self.profiles[query_type] = profile
-        self.confidence = confidence
         self.budget = Budget(max_depth, max_iterations, max_chunks, max_context_tokens, timeout_s)
         self.power = self._check_power(None if power == "auto" else power)
 
@@ -162,9 +158,10 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
         return power
 
     def max_llm_calls(self) -> dict[str, int]:
-        """A classification, and a self-assessment per iteration when confidence is the LLM's."""
+        """A classification, and a self-assessment per iteration when confidence is the LLM's
+        (the rule's heuristic is no call)."""
         calls = {"classify": 1}
-        if self.confidence == "llm":
+        if self.steps.assess.kind == "llm":
             calls["assess"] = self.budget.max_iterations
         return calls
 
@@ -173,7 +170,7 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
         start = self.clock.now()
         question = state.main_question
         forced = self._check_power(state.power) if state.power is not None else self.power
-        classified = await self.llm.classify(question)
+        classified = await self.steps.classify(question)
         query_type = classified.value.query_type
         profile = self.profiles[query_type]
         depth = forced or min(profile.depth, self.budget.max_depth)
@@ -181,7 +178,7 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
         context: list[Document] = []
         questions: list[Question] = []
         hops: list[HopTrace] = []
-        usage: list[CallUsage] = [classified.usage]
+        usage: list[CallUsage] = [u for u in (classified.usage,) if u]
         confidence = 0.0
         for iteration in range(1, self.budget.max_iterations + 1):
             hop_start = time.perf_counter()
@@ -242,17 +239,14 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
     async def _assess(
         self, question: str, context: list[Document], hop: HopTrace, usage: list[CallUsage]
     ) -> float:
-        """Rate the context: the pure heuristic (no call), or the LLM's self-assessment."""
-        if self.confidence == "heuristic":
-            signals = heuristic_confidence(question, context)
-            hop.confidence = signals.confidence
-            hop.confidence_signals = signals.as_dict()
-            hop.missing_info = signals.missing_info
-        else:
-            assessed = await self.llm.assess(question, context)
+        """Rate the context with the `assess` step: the rule's heuristic (no call, its signals in
+        the trace) or the LLM's self-assessment."""
+        assessed = await self.steps.assess(question, context)
+        if assessed.usage:
             usage.append(assessed.usage)
-            hop.confidence = round(assessed.value.confidence, 4)
-            hop.missing_info = assessed.value.missing_info
+        hop.confidence = round(assessed.value.confidence, 4)
+        hop.confidence_signals = assessed.signals
+        hop.missing_info = assessed.value.missing_info
         return hop.confidence
 
     def _explain(self, last: HopTrace, forced: int | None) -> None:

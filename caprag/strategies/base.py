@@ -8,9 +8,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import ClassVar, Protocol
 
-from caprag.llm.base import LLM
 from caprag.schemas import Document, Question, RetrievedRef
 from caprag.state import GraphState
+from caprag.steps import Steps
 
 RRF_K = 60
 
@@ -68,9 +68,10 @@ class RetrievalStrategy(ABC):
 
     name: ClassVar[str]
 
-    def __init__(self, retriever: Retriever, llm: LLM, k: int = 8) -> None:
+    def __init__(self, retriever: Retriever, steps: Steps, k: int = 8) -> None:
         self.retriever = retriever
-        self.llm = llm
+        self.steps = steps
+        """The LLM steps (each by its rule or by a model) the strategy calls."""
         self.k = k
 
     @abstractmethod

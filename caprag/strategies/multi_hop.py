@@ -5,10 +5,11 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from caprag.llm.base import LLM
-from caprag.schemas import HopTrace, Question
+from caprag.schemas import CallUsage, Question
 from caprag.state import GraphState
+from caprag.steps import Steps
 from caprag.strategies.base import DocumentPool, RetrievalStrategy, Retriever, elapsed
+from caprag.trace import HopTrace
 
 
 class MultiHopStrategy(RetrievalStrategy):
@@ -17,26 +18,46 @@ class MultiHopStrategy(RetrievalStrategy):
     name = "multi-hop"
 
     def __init__(
-        self, retriever: Retriever, llm: LLM, k: int = 8, max_hops: int = 3, follow_k: int = 1
+        self,
+        retriever: Retriever,
+        steps: Steps,
+        k: int = 8,
+        max_hops: int = 3,
+        follow_k: int = 1,
+        expand_first_hop: bool = False,
+        n_subquestions: int = 3,
     ) -> None:
-        super().__init__(retriever, llm, k)
+        super().__init__(retriever, steps, k)
         if max_hops < 1:
             raise ValueError("max_hops must be at least 1")
         self.max_hops = max_hops
         self.follow_k = follow_k
         """Passages kept per follow-up query: a targeted query is after one passage, and fewer
         per query leaves more of the fixed budget k to the question's own results."""
+        self.expand_first_hop = expand_first_hop
+        """Search the question's expansion (the `expand` step) beside it on the first hop."""
+        self.n_subquestions = n_subquestions
 
     def max_llm_calls(self) -> dict[str, int]:
-        """An analysis after every hop but the last."""
-        return {"analyze": self.max_hops - 1}
+        """An analysis after every hop but the last (and one expansion when enabled)."""
+        calls = {"analyze": self.max_hops - 1}
+        if self.expand_first_hop:
+            calls["expand"] = 1
+        return calls
 
     async def execute(self, state: GraphState) -> GraphState:
-        """1. Search the question. 2. Analyze the top k. 3. Search the new queries. Repeat."""
+        """1. Search the question (and its expansion). 2. Analyze the top k. 3. Search the new
+        queries. Repeat."""
         pool = DocumentPool()
         questions: list[Question] = []
         hops: list[HopTrace] = []
         queries = [state.main_question]
+        usage: list[CallUsage] = []
+        if self.expand_first_hop:
+            expansion = await self.steps.expand(state.main_question, self.n_subquestions)
+            usage += [u for u in (expansion.usage,) if u]
+            original = state.main_question.strip().lower()
+            queries += [q for q in expansion.value if q.strip().lower() != original]
         searched: list[str] = []
         for number in range(1, self.max_hops + 1):
             start = time.perf_counter()
@@ -50,14 +71,17 @@ class MultiHopStrategy(RetrievalStrategy):
                 documents=refs,
                 new_documents=sum(r.new for r in refs),
                 duplicate_documents=sum(not r.new for r in refs),
+                usage=usage,
             )
+            usage = []
             hops.append(hop)
             if number == self.max_hops:
                 hop.latency_s = elapsed(start)
                 break
-            analysis = await self.llm.analyze(state.main_question, pool.top(self.k), searched)
+            analysis = await self.steps.analyze(state.main_question, pool.top(self.k), searched)
             hop.decision = analysis.value
-            hop.usage.append(analysis.usage)
+            if analysis.usage:
+                hop.usage.append(analysis.usage)
             hop.latency_s = elapsed(start)
             asked = {q.lower() for q in searched}
             queries = [q for q in analysis.value.new_queries if q.lower() not in asked]

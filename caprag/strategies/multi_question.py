@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from caprag.llm.base import LLM
-from caprag.schemas import HopTrace
 from caprag.state import GraphState
+from caprag.steps import Steps
 from caprag.strategies.base import DocumentPool, RetrievalStrategy, Retriever, elapsed
+from caprag.trace import HopTrace
 
 
 class MultiQuestionStrategy(RetrievalStrategy):
@@ -16,8 +16,10 @@ class MultiQuestionStrategy(RetrievalStrategy):
 
     name = "multi-question"
 
-    def __init__(self, retriever: Retriever, llm: LLM, k: int = 8, n_subquestions: int = 3) -> None:
-        super().__init__(retriever, llm, k)
+    def __init__(
+        self, retriever: Retriever, steps: Steps, k: int = 8, n_subquestions: int = 3
+    ) -> None:
+        super().__init__(retriever, steps, k)
         self.n_subquestions = n_subquestions
 
     def max_llm_calls(self) -> dict[str, int]:
@@ -27,7 +29,7 @@ class MultiQuestionStrategy(RetrievalStrategy):
     async def execute(self, state: GraphState) -> GraphState:
         """1. Expand. 2. Search original + sub-questions concurrently. 3. Fuse and cut to k."""
         start = time.perf_counter()
-        expansion = await self.llm.expand(state.main_question, self.n_subquestions)
+        expansion = await self.steps.expand(state.main_question, self.n_subquestions)
         queries = [state.main_question]
         queries += [q for q in expansion.value if q.strip().lower() != state.main_question.lower()]
         questions = await self.search_many(queries)
@@ -39,7 +41,7 @@ class MultiQuestionStrategy(RetrievalStrategy):
             documents=refs,
             new_documents=sum(r.new for r in refs),
             duplicate_documents=sum(not r.new for r in refs),
-            usage=[expansion.usage],
+            usage=[u for u in (expansion.usage,) if u],
             latency_s=elapsed(start),
         )
         return dataclasses.replace(state, questions=questions, context=pool.top(self.k), hops=[hop])

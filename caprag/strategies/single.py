@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from caprag.schemas import HopTrace
 from caprag.state import GraphState
 from caprag.strategies.base import DocumentPool, RetrievalStrategy, elapsed
+from caprag.trace import HopTrace
 
 
 class SingleQueryStrategy(RetrievalStrategy):

@@ -46,6 +46,8 @@ def test_significance_of_two_harness_runs_matches_the_logged_tables(
     assert "Significance" in [s.value for s in at.subheader]
     shown = significance_table(at)
     client = mlflow.MlflowClient(harness_store.uri)
+    # load_table searches runs through the process-wide tracking URI, not the client's.
+    monkeypatch.setattr(mlflow.tracking._tracking_service.utils, "_tracking_uri", harness_store.uri)
     a, b = (
         client.load_table(client.get_run(r).info.experiment_id, TABLE, run_ids=[r])
         for r in (hop, question)

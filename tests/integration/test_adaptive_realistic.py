@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from caprag.llm import OfflineLLM
 from caprag.state import GraphState
+from caprag.steps import rule_steps
 from caprag.store import PassageIndex
 from caprag.strategies import AdaptiveDepthStrategy
 from experiments.questions import QUESTIONS_DIR, load_questions
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 def strategy(index: PassageIndex) -> AdaptiveDepthStrategy:
     # A generous timeout: these tests are about depth, not about a loaded CI machine.
-    return AdaptiveDepthStrategy(index, OfflineLLM(), timeout_s=60.0)
+    return AdaptiveDepthStrategy(index, rule_steps(), timeout_s=60.0)
 
 
 async def test_cross_reference_is_reached_by_going_deeper(corpus_index: PassageIndex) -> None:

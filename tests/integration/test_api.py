@@ -9,15 +9,15 @@ import pytest
 from fastapi.testclient import TestClient
 
 from caprag.api import create_app
-from caprag.llm import OfflineLLM
 from caprag.services import Pipeline
+from caprag.steps import rule_steps
 from caprag.store import PassageIndex
 from caprag.strategies import MultiHopStrategy
 
 
 @pytest.fixture
 def client(fixture_index: PassageIndex) -> Iterator[TestClient]:
-    llm = OfflineLLM()
+    llm = rule_steps()
     app = create_app(Pipeline(MultiHopStrategy(fixture_index, llm, k=2), llm))
     with TestClient(app) as test_client:
         yield test_client
@@ -101,7 +101,7 @@ def test_power_is_validated(client: TestClient) -> None:
 def test_forced_power_on_the_adaptive_strategy(fixture_index: PassageIndex) -> None:
     from caprag.strategies import STRATEGIES
 
-    llm = OfflineLLM()
+    llm = rule_steps()
     app = create_app(Pipeline(STRATEGIES["adaptive"](fixture_index, llm), llm))
     with TestClient(app) as adaptive:
         body = {"question": "How long does a torch burn?", "power": 2}

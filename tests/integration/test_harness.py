@@ -13,11 +13,12 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from caprag.config import PROJECT_ROOT
-from caprag.llm import LLM
+from caprag.config import PROJECT_ROOT, ROLE_NAMES
+from caprag.errors import ConfigError
+from caprag.steps import ROLES, Steps
 from caprag.strategies import RetrievalStrategy
 from experiments.data import Dataset
-from experiments.run import run
+from experiments.run import run, steps_from_config
 from tests.conftest import FIXTURE_BOOKS
 
 CONF = PROJECT_ROOT / "conf"
@@ -56,18 +57,44 @@ def test_every_config_group_member_instantiates(
     path = PROJECT_ROOT / "datasets" / "benchmarks" / "squad_v1.1_dev_single.jsonl"
     extra = [f"dataset.path={path}"] if (group, option) == ("dataset", "jsonl") else []
     cfg = make_cfg(tmp_path, f"{group}={option}", *extra)
+    if group == "llm":
+        steps = steps_from_config(cfg)
+        assert isinstance(steps, Steps)
+        assert steps.backend == ("offline" if option == "offline" else "llm")
+        return
     built = instantiate(cfg[group]) if group != "retriever" else instantiate(cfg.retriever.index)
     if group == "strategy":
-        strategy = built(retriever=instantiate(cfg.retriever.index), llm=instantiate(cfg.llm), k=3)
+        index = instantiate(cfg.retriever.index)
+        strategy = built(retriever=index, steps=steps_from_config(cfg), k=3)
         assert isinstance(strategy, RetrievalStrategy)
-    elif group == "llm":
-        assert isinstance(built, LLM)
     elif group == "dataset":
         assert isinstance(built, Dataset) and built.cases
     elif group == "retriever":
         assert built.search("torch", 1)
     elif group == "judge":
         assert built is None if option == "none" else hasattr(built, "score")
+
+
+def test_steps_mix_per_step_from_hydra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    cfg = make_cfg(tmp_path, "llm=openai", "analyzer=rule", "confidence=rule")
+    kinds = steps_from_config(cfg).kinds()
+    assert kinds == {
+        "expander": "llm",
+        "analyzer": "rule",
+        "generator": "llm",
+        "rewriter": "llm",
+        "classifier": "llm",
+        "confidence": "rule",
+    }
+    offline = steps_from_config(make_cfg(tmp_path, "generator=rule", "classifier=auto"))
+    assert set(offline.kinds().values()) == {"rule"}
+    with pytest.raises(ConfigError, match="generator=llm needs a language model"):
+        steps_from_config(make_cfg(tmp_path, "generator=llm"))
+    with pytest.raises(ConfigError, match="analyzer='neural': use one of auto, rule, llm"):
+        steps_from_config(make_cfg(tmp_path, "llm=openai", "analyzer=neural"))
+    assert set(ROLES) == set(ROLE_NAMES)  # the API's CAPRAG_<ROLE> names are the same
 
 
 @pytest.mark.parametrize("preset", members("experiment"))
@@ -97,7 +124,7 @@ def test_run_end_to_end_is_logged_and_read_back(tmp_path: Path) -> None:
     logged = mlflow.get_run(result.run_id)
     assert logged.data.params["strategy._target_"] == "caprag.strategies.MultiHopStrategy"
     assert logged.data.params["retriever.k"] == "2"
-    assert logged.data.tags["caprag.prompt.analyze"] == "analyze-v1"
+    assert logged.data.tags["caprag.prompt.analyze"] == "analyze-v2"
     assert len(logged.data.tags["caprag.dataset_hash"]) == 16
     assert logged.data.metrics["recall_at_k"] == pytest.approx(result.mean("recall_at_k"))
     assert logged.data.metrics["correct_refusal.coverage"] == pytest.approx(1 / 9)
@@ -116,7 +143,7 @@ def test_failures_are_isolated_and_coverage_stated(tmp_path: Path) -> None:
     cfg = make_cfg(
         tmp_path,
         "dataset=single_book",
-        "++llm._target_=tests.fakes.FlakyLLM",
+        "++llm._target_=tests.fakes.flaky_steps",
         "experiment.question_timeout_s=30",
         "tracking.enabled=false",
         "experiment.ragas=false",

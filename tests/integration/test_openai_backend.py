@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
 from caprag.config import load_settings
 from caprag.errors import MissingAPIKeyError, StructuredOutputError
-from caprag.llm import build_openai_llm
+from caprag.llm import StepFailedError, build_openai_client
 from caprag.schemas import Document
 from caprag.services import Pipeline, build_pipeline
 from caprag.store import PassageIndex
 from caprag.strategies import MultiHopStrategy
-from tests.fakes import OpenAIStub
+from tests.fakes import OpenAIStub, openai_steps
 
 DOC = Document(
     passage_id="fighting/flurry",
@@ -27,13 +28,17 @@ DOC = Document(
 
 
 def llm_for(stub: OpenAIStub, **kwargs: object):  # type: ignore[no-untyped-def]
-    return build_openai_llm(
+    return openai_steps(
         "gpt-4o-mini",
         api_key="test-key",
         base_url=stub.base_url,
         max_retries=kwargs.pop("max_retries", 0),
         **kwargs,
-    )  # type: ignore[arg-type]
+    )
+
+
+def request_messages(body: dict[str, Any]) -> list[dict[str, str]]:
+    return [{"role": m["role"], "content": m["content"]} for m in body["messages"]]
 
 
 async def test_structured_decision_is_parsed_and_usage_recorded() -> None:
@@ -47,26 +52,43 @@ async def test_structured_decision_is_parsed_and_usage_recorded() -> None:
     assert (result.usage.prompt_tokens, result.usage.completion_tokens) == (120, 30)
     assert result.usage.counted == "reported"
     assert result.usage.cost_usd == pytest.approx((120 * 0.15 + 30 * 0.60) / 1e6)
-    assert result.usage.prompt_version == "analyze-v1"
+    assert result.usage.prompt_version == "analyze-v2"
+    assert result.usage.messages == request_messages(stub.requests[0])
+    assert result.usage.reply and "Old Soldier (Gifts, p. 7)" in result.usage.reply
     request = stub.requests[0]
     assert request["tools"][0]["function"]["name"] == "SufficiencyDecision"
     assert request["max_tokens"] == 512  # the output cap every server honours
     assert "Old Soldier (Gifts, p. 7)" in request["messages"][1]["content"]
 
 
-async def test_malformed_reply_raises_named_error_after_retries() -> None:
+async def test_malformed_answer_raises_named_error_after_retries() -> None:
     with OpenAIStub(default={"malformed": "{not json"}) as stub:
         llm = llm_for(stub, parse_attempts=3)
-        with pytest.raises(StructuredOutputError, match="SufficiencyDecision after 3 attempt"):
-            await llm.analyze("q", [DOC], [])
+        with pytest.raises(StructuredOutputError, match="GeneratedAnswer after 3 attempt") as err:
+            await llm.generate("q", [DOC])
     assert len(stub.requests) == 3
+    assert isinstance(err.value, StepFailedError) and err.value.usage.attempts == 3
 
 
-async def test_reply_breaking_the_schema_is_a_named_error() -> None:
+async def test_analysis_breaking_the_schema_stops_the_hops_and_is_recorded() -> None:
     bad = {"args": {"sufficient": "maybe", "new_queries": "x"}}
-    with OpenAIStub(default=bad) as stub, pytest.raises(StructuredOutputError):
-        await llm_for(stub, parse_attempts=2).analyze("q", [DOC], [])
+    with OpenAIStub(default=bad) as stub:
+        result = await llm_for(stub, parse_attempts=2).analyze("q", [DOC], ["q"])
     assert len(stub.requests) == 2
+    assert result.value.sufficient and result.value.new_queries == []
+    assert "could not be used" in result.value.reasoning
+    assert result.usage is not None and result.usage.attempts == 2
+    assert result.usage.error and "unparseable reply" in result.usage.error
+
+
+async def test_too_many_new_queries_are_cut_to_the_cap_and_noted() -> None:
+    queries = [f"Rule {n} (Gifts, p. {n})" for n in range(1, 7)]
+    with OpenAIStub([{"args": {"sufficient": False, "new_queries": queries}}]) as stub:
+        result = await llm_for(stub).analyze("q", [DOC], ["q"])
+    assert result.value.new_queries == queries[:3]
+    assert result.usage is not None
+    assert result.usage.notes == ["6 queries cut to 3: dropped " + "; ".join(queries[3:])]
+    assert "at most 3 new_queries" in stub.requests[0]["messages"][0]["content"]
 
 
 async def test_server_errors_are_retried_with_backoff() -> None:
@@ -112,7 +134,7 @@ def test_missing_key_is_refused_before_any_question(monkeypatch: pytest.MonkeyPa
     with pytest.raises(MissingAPIKeyError):
         build_pipeline(ingest=False)
     with pytest.raises(MissingAPIKeyError, match="OPENAI_API_KEY"):
-        build_openai_llm(api_key=None)
+        build_openai_client(api_key=None)
     monkeypatch.setenv("OPENAI_API_KEY", "x")
     assert load_settings().llm == "openai"
 

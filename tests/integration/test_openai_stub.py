@@ -11,15 +11,13 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from caprag.llm import build_openai_llm
-from caprag.schemas import (
-    ConfidenceAssessment,
-    Document,
-    GeneratedAnswer,
-    QueryClass,
-    SufficiencyDecision,
-)
+from caprag.schemas import Document
+from caprag.steps.analyze import SufficiencyDecision
+from caprag.steps.assess import ConfidenceAssessment
+from caprag.steps.classify import QueryClass
+from caprag.steps.generate import GeneratedAnswer
 from experiments.openai_stub import StubServer, fill, fill_schema
+from tests.fakes import openai_steps
 
 DOCS = [
     Document(
@@ -48,7 +46,7 @@ def stub() -> Iterator[StubServer]:
 
 
 async def test_every_backend_step_parses_and_costs_one_request(stub: StubServer) -> None:
-    llm = build_openai_llm(model="gpt-4o-mini", api_key="x", base_url=stub.base_url)
+    llm = openai_steps(api_key="x", base_url=stub.base_url)
     question = "How long does a torch burn?"
 
     async def once(call: object) -> object:
@@ -78,7 +76,7 @@ async def test_every_backend_step_parses_and_costs_one_request(stub: StubServer)
 
 
 async def test_structured_requests_carry_the_forced_tool(stub: StubServer) -> None:
-    llm = build_openai_llm(model="gpt-4o-mini", api_key="x", base_url=stub.base_url)
+    llm = openai_steps(api_key="x", base_url=stub.base_url)
     await llm.classify("Can I dodge after a Flurry?")
     body = stub.bodies[-1]
     assert body["tools"][0]["function"]["name"] == "QueryClass"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from caprag.llm import OfflineLLM
 from caprag.services import Pipeline
 from caprag.state import GraphState
+from caprag.steps import rule_steps
 from caprag.store import PassageIndex
 from caprag.strategies import MultiHopStrategy, MultiQuestionStrategy, SingleQueryStrategy
 from experiments.questions import QUESTIONS_DIR, load_questions
@@ -28,9 +28,9 @@ async def context_ids(strategy: object, text: str) -> tuple[list[str], int]:
 
 async def test_multi_hop_follows_the_gift_to_the_combat_rule(corpus_index: PassageIndex) -> None:
     text = question("cb-a-001")  # Trained by a Veteran → Rapid Strike, without naming it
-    single, _ = await context_ids(SingleQueryStrategy(corpus_index, OfflineLLM()), text)
-    expanded, _ = await context_ids(MultiQuestionStrategy(corpus_index, OfflineLLM()), text)
-    hopped, hops = await context_ids(MultiHopStrategy(corpus_index, OfflineLLM()), text)
+    single, _ = await context_ids(SingleQueryStrategy(corpus_index, rule_steps()), text)
+    expanded, _ = await context_ids(MultiQuestionStrategy(corpus_index, rule_steps()), text)
+    hopped, hops = await context_ids(MultiHopStrategy(corpus_index, rule_steps()), text)
     assert "talents/trained-by-a-veteran" in single
     assert "combat/rapid-strike" not in single and "combat/rapid-strike" not in expanded
     assert hops >= 2
@@ -39,7 +39,7 @@ async def test_multi_hop_follows_the_gift_to_the_combat_rule(corpus_index: Passa
 
 
 async def test_single_book_answer_cites_its_passage(corpus_index: PassageIndex) -> None:
-    llm = OfflineLLM()
+    llm = rule_steps()
     result = await Pipeline(MultiHopStrategy(corpus_index, llm), llm).ask(
         question("sb-talents-001")
     )

@@ -79,7 +79,7 @@ def test_cache_key_includes_seed_and_model(tmp_path: Path, stub: StubServer) -> 
     run(research_cfg(tmp_path, *base, "experiment.seed=7"))
     assert stub.requests > 0, "another seed is another call"
     stub.reset()
-    run(research_cfg(tmp_path, *base, "llm.model=gpt-4.1-nano"))
+    run(research_cfg(tmp_path, *base, "llm.client.model=gpt-4.1-nano"))
     assert stub.requests > 0, "another model is another call"
 
 
@@ -179,7 +179,7 @@ def _harness_args(tmp: Path) -> list[str]:
         "experiment.ragas=false",
         "dataset=all",
         "experiment.concurrency=1",
-        "++llm._target_=tests.fakes.SlowLLM",
+        "++llm._target_=tests.fakes.slow_steps",
         "++llm.delay_s=1.0",
     ]
 

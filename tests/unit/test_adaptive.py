@@ -6,17 +6,16 @@ from typing import Any
 
 import pytest
 
-from caprag.classify import classify_question
-from caprag.confidence import heuristic_confidence
-from caprag.errors import StructuredOutputError
-from caprag.llm import ChatModelLLM, OfflineLLM
-from caprag.schemas import ConfidenceAssessment, Document, QueryClass
+from caprag.schemas import Document
 from caprag.services import Pipeline
 from caprag.state import GraphState
+from caprag.steps import rule_steps
+from caprag.steps.assess import ConfidenceAssessment, heuristic_confidence
+from caprag.steps.classify import QueryClass, classify_question
 from caprag.store import PassageIndex
 from caprag.strategies import STRATEGIES, AdaptiveDepthStrategy
 from caprag.strategies.adaptive import Budget, Progress, decide
-from tests.fakes import ManualClock, ScriptedChatModel
+from tests.fakes import ManualClock, ScriptedChatModel, scripted_steps
 
 SIMPLE = "How long does a torch burn?"
 CROSS_REF = "What penalty does the second attack of a Flurry suffer?"
@@ -32,7 +31,7 @@ async def run(strategy: AdaptiveDepthStrategy, question: str, power: int | None 
 def adaptive(index: Any, **options: Any) -> AdaptiveDepthStrategy:
     """The strategy on a clock that never moves by itself: no result depends on machine load."""
     options.setdefault("clock", ManualClock())
-    return AdaptiveDepthStrategy(index, OfflineLLM(), **options)
+    return AdaptiveDepthStrategy(index, rule_steps(), **options)
 
 
 # 1. Classification rules, alone.
@@ -164,12 +163,12 @@ def test_stop_rule_names_the_first_budget_reached() -> None:
 
 def test_adaptive_is_registered_and_selectable(monkeypatch: pytest.MonkeyPatch) -> None:
     from caprag.config import load_settings
-    from caprag.services import build_llm, build_strategy
+    from caprag.services import build_strategy, steps_from_settings
 
     assert STRATEGIES["adaptive"] is AdaptiveDepthStrategy
     monkeypatch.setenv("RETRIEVAL_STRATEGY", "adaptive")
     settings = load_settings()
-    llm = build_llm(settings)
+    llm = steps_from_settings(settings)
     built = build_strategy(settings.retrieval_strategy, NoRetriever(), llm, settings)
     assert isinstance(built, AdaptiveDepthStrategy)
 
@@ -286,7 +285,7 @@ async def test_forced_power_searches_once_and_hints_when_short(
 
 
 async def test_forced_power_applies_to_one_turn_only(fixture_index: PassageIndex) -> None:
-    llm = OfflineLLM()
+    llm = rule_steps()
     pipeline = Pipeline(AdaptiveDepthStrategy(fixture_index, llm), llm)
     forced = await pipeline.ask(SIMPLE, "thread", power=3)
     assert [(h.depth, h.adaptive_decision) for h in forced.hops] == [(3, "forced_depth")]
@@ -319,9 +318,7 @@ def scripted(*confidences: float) -> ScriptedChatModel:
 
 async def test_llm_confidence_drives_the_loop(fixture_index: PassageIndex) -> None:
     chat = scripted(0.3, 0.5, 0.8)
-    strategy = AdaptiveDepthStrategy(
-        fixture_index, ChatModelLLM(chat, "scripted"), confidence="llm"
-    )
+    strategy = AdaptiveDepthStrategy(fixture_index, scripted_steps(chat), clock=ManualClock())
     state = await run(strategy, CROSS_REF)
     assert [(h.depth, h.confidence, h.adaptive_decision) for h in state.hops] == [
         (1, 0.3, "increase_depth"),
@@ -334,26 +331,45 @@ async def test_llm_confidence_drives_the_loop(fixture_index: PassageIndex) -> No
     assert "judge whether retrieved rulebook passages" in str(chat.calls[1][0].content)
 
 
-async def test_confidence_outside_zero_to_one_is_a_parse_error(
+async def test_confidence_outside_zero_to_one_is_recorded_as_a_failed_call(
     fixture_index: PassageIndex,
 ) -> None:
     chat = ScriptedChatModel(
         replies=[{"query_type": "factual", "reasoning": ""}],
         by_substring={"judge whether": {"confidence": 1.5, "reasoning": "", "missing_info": []}},
     )
-    strategy = AdaptiveDepthStrategy(
-        fixture_index, ChatModelLLM(chat, "scripted", parse_attempts=2), confidence="llm"
-    )
-    with pytest.raises(StructuredOutputError, match="ConfidenceAssessment"):
-        await run(strategy, SIMPLE)
+    steps = scripted_steps(chat, parse_attempts=2)
+    state = await run(AdaptiveDepthStrategy(fixture_index, steps, clock=ManualClock()), SIMPLE)
+    assessed = [u for hop in state.hops for u in hop.usage if u.step == "assess"]
+    assert len(assessed) == len(state.hops) == 3  # confidence 0 after each: it deepened
+    for usage in assessed:
+        assert usage.attempts == 2 and usage.error and "less than or equal to 1" in usage.error
+        assert usage.prompt_tokens > 0 and usage.messages and usage.reply
+    assert [h.confidence for h in state.hops] == [0.0, 0.0, 0.0]
+    assert state.hops[-1].adaptive_decision == "budget_exhausted:depth"
 
 
-async def test_offline_assess_is_the_costed_heuristic(fixture_index: PassageIndex) -> None:
+async def test_rule_and_llm_steps_mix_per_step(fixture_index: PassageIndex) -> None:
+    chat = scripted(0.95)
+    chat.replies = chat.replies[1:]  # the rule classifies: the model only assesses
+    steps = scripted_steps(chat, classifier="rule", confidence="llm", generator="rule")
+    assert steps.kinds()["classifier"] == "rule" and steps.kinds()["confidence"] == "llm"
+    state = await run(AdaptiveDepthStrategy(fixture_index, steps, clock=ManualClock()), SIMPLE)
+    [hop] = state.hops
+    assert hop.query_type == "factual" and hop.confidence == 0.95
+    assert [(u.step, u.model) for u in hop.usage] == [
+        ("classify", "offline"),
+        ("assess", "scripted"),
+    ]
+    assert len(chat.calls) == 1
+
+
+async def test_rule_assess_is_the_free_heuristic(fixture_index: PassageIndex) -> None:
     docs = fixture_index.search(SIMPLE, 5)
-    assessed = await OfflineLLM().assess(SIMPLE, docs)
+    assessed = await rule_steps().assess(SIMPLE, docs)
     assert assessed.value.confidence == heuristic_confidence(SIMPLE, docs).confidence
-    assert assessed.usage.step == "assess" and assessed.usage.prompt_version == "assess-v1"
-    assert assessed.usage.prompt_tokens > 0
-    classified = await OfflineLLM().classify("Can I dodge after a Flurry?")
+    assert assessed.usage is None  # a heuristic signal, not a stand-in for a call
+    assert assessed.signals == heuristic_confidence(SIMPLE, docs).as_dict()
+    classified = await rule_steps().classify("Can I dodge after a Flurry?")
     assert classified.value.query_type == "decision"
-    assert classified.usage.prompt_version == "classify-v1"
+    assert classified.usage is not None and classified.usage.prompt_version == "classify-v1"

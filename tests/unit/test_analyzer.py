@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from caprag.analyzer import decide, unresolved_references
 from caprag.schemas import Document
+from caprag.steps.analyze import decide, unresolved_references
 from caprag.text import Reference, entities, references
 
 

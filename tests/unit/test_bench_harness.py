@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from caprag.schemas import Document
-from experiments.bench_harness import InstantLLM, bench_overhead
+from experiments.bench_harness import bench_overhead, instant_steps
 
 PHASES = (
     "evaluate",
@@ -21,10 +21,11 @@ PHASES = (
 
 
 async def test_instant_llm_gives_valid_replies_and_no_usage() -> None:
-    llm = InstantLLM()
+    llm = instant_steps()
     doc = Document(passage_id="core/torch", book_id="core", text="A torch burns for one hour.")
     answer = await llm.generate("How long does a torch burn?", [doc])
     assert answer.value.source_ids == ["core/torch"]
+    assert answer.usage is not None
     assert answer.usage.prompt_tokens == answer.usage.completion_tokens == 0
     assert (await llm.analyze("q", [doc], ["q"])).value.sufficient is True
     assert (await llm.assess("q", [doc])).value.confidence == 1.0

@@ -6,8 +6,7 @@ import pytest
 
 from caprag.config import load_settings
 from caprag.errors import ConfigError, MissingAPIKeyError
-from caprag.llm import OfflineLLM
-from caprag.services import build_llm, build_strategy
+from caprag.services import build_strategy, steps_from_settings
 from caprag.strategies import STRATEGIES, MultiHopStrategy, MultiQuestionStrategy
 from caprag.strategies.base import Retriever
 
@@ -20,7 +19,9 @@ class NoRetriever:
 def strategy_for_env() -> object:
     settings = load_settings()
     retriever: Retriever = NoRetriever()
-    return build_strategy(settings.retrieval_strategy, retriever, build_llm(settings), settings)
+    return build_strategy(
+        settings.retrieval_strategy, retriever, steps_from_settings(settings), settings
+    )
 
 
 def test_unset_strategy_is_multi_hop() -> None:
@@ -51,7 +52,9 @@ def test_every_allowed_strategy_name_is_registered() -> None:
 
 
 def test_offline_is_the_default_backend() -> None:
-    assert isinstance(build_llm(load_settings()), OfflineLLM)
+    steps = steps_from_settings(load_settings())
+    assert steps.backend == "offline"
+    assert set(steps.kinds().values()) == {"rule"}
 
 
 def test_openai_without_key_is_refused_at_start(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,15 +9,15 @@ import pytest
 from caprag.checkpoint import make_checkpointer
 from caprag.errors import ConfigError
 from caprag.graph import HISTORY_PAIRS
-from caprag.llm import ChatModelLLM, OfflineLLM
 from caprag.services import Pipeline
+from caprag.steps import rule_steps
 from caprag.store import PassageIndex
 from caprag.strategies import SingleQueryStrategy
-from tests.fakes import ScriptedChatModel
+from tests.fakes import ScriptedChatModel, scripted_steps
 
 
 def offline(index: PassageIndex, **kwargs: object) -> Pipeline:
-    llm = OfflineLLM()
+    llm = rule_steps()
     return Pipeline(SingleQueryStrategy(index, llm, k=2), llm, **kwargs)  # type: ignore[arg-type]
 
 
@@ -44,7 +44,7 @@ async def test_without_rewrite_the_follow_up_searches_as_asked(
 
 
 def scripted_pipeline(index: PassageIndex, chat: ScriptedChatModel) -> Pipeline:
-    llm = ChatModelLLM(chat, "scripted")
+    llm = scripted_steps(chat)
     return Pipeline(SingleQueryStrategy(index, llm, k=2), llm)
 
 

@@ -6,9 +6,10 @@ import socket
 
 import pytest
 
-from caprag.llm import OfflineLLM
-from caprag.llm.offline import REFUSAL, extract_answer, rewrite_with_history
 from caprag.services import Pipeline
+from caprag.steps import rule_steps
+from caprag.steps.generate import REFUSAL, extract_answer
+from caprag.steps.rewrite import rewrite_with_history
 from caprag.store import PassageIndex
 from caprag.strategies import STRATEGIES
 
@@ -16,7 +17,7 @@ from caprag.strategies import STRATEGIES
 async def run_all(index: PassageIndex, question: str) -> list[object]:
     outputs: list[object] = []
     for name in sorted(STRATEGIES):
-        llm = OfflineLLM()
+        llm = rule_steps()
         result = await Pipeline(STRATEGIES[name](index, llm, k=3), llm).ask(question, "t")
         outputs.append(
             (

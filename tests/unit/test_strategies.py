@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from caprag.graph import build_graph
-from caprag.llm import ChatModelLLM, OfflineLLM
-from caprag.schemas import SufficiencyDecision
 from caprag.services import Pipeline
 from caprag.state import GraphState
+from caprag.steps import rule_steps
+from caprag.steps.analyze import SufficiencyDecision
 from caprag.store import PassageIndex
 from caprag.strategies import (
     STRATEGIES,
@@ -18,7 +18,7 @@ from caprag.strategies import (
     RetrievalStrategy,
     SingleQueryStrategy,
 )
-from tests.fakes import ScriptedChatModel
+from tests.fakes import ScriptedChatModel, scripted_steps
 
 CROSS_REF_QUESTION = "What penalty does the second attack of a Flurry suffer?"
 
@@ -28,14 +28,14 @@ def test_a_strategy_without_execute_cannot_be_instantiated(fixture_index: Passag
         name = "lazy"
 
     with pytest.raises(TypeError, match="abstract"):
-        Lazy(fixture_index, OfflineLLM())  # type: ignore[abstract]
+        Lazy(fixture_index, rule_steps())  # type: ignore[abstract]
 
 
 @pytest.mark.parametrize("name", sorted(STRATEGIES))
 async def test_every_strategy_returns_questions_with_context(
     name: str, fixture_index: PassageIndex
 ) -> None:
-    strategy = STRATEGIES[name](fixture_index, OfflineLLM(), k=3)
+    strategy = STRATEGIES[name](fixture_index, rule_steps(), k=3)
     state = await strategy.execute(
         GraphState(
             question="How long does a torch burn?", main_question="How long does a torch burn?"
@@ -54,7 +54,7 @@ async def test_every_strategy_returns_questions_with_context(
 async def test_question_answered_by_one_passage_stops_after_one_hop(
     fixture_index: PassageIndex,
 ) -> None:
-    strategy = MultiHopStrategy(fixture_index, OfflineLLM(), k=2)
+    strategy = MultiHopStrategy(fixture_index, rule_steps(), k=2)
     state = await strategy.execute(GraphState(main_question="How long does a torch burn?"))
     assert len(state.hops) == 1
     assert state.hops[0].decision is not None and state.hops[0].decision.sufficient
@@ -63,12 +63,12 @@ async def test_question_answered_by_one_passage_stops_after_one_hop(
 async def test_cross_reference_to_another_book_takes_a_second_hop(
     fixture_index: PassageIndex,
 ) -> None:
-    single = await SingleQueryStrategy(fixture_index, OfflineLLM(), k=2).execute(
+    single = await SingleQueryStrategy(fixture_index, rule_steps(), k=2).execute(
         GraphState(main_question=CROSS_REF_QUESTION)
     )
     assert "gifts/old-soldier" not in [d.passage_id for d in single.context]
 
-    state = await MultiHopStrategy(fixture_index, OfflineLLM(), k=2).execute(
+    state = await MultiHopStrategy(fixture_index, rule_steps(), k=2).execute(
         GraphState(main_question=CROSS_REF_QUESTION)
     )
     assert len(state.hops) >= 2
@@ -95,7 +95,7 @@ async def test_never_satisfied_analyzer_stops_at_three_hops_and_generation_runs(
     fixture_index: PassageIndex,
 ) -> None:
     chat = never_satisfied()
-    llm = ChatModelLLM(chat, "scripted")
+    llm = scripted_steps(chat)
     pipeline = Pipeline(MultiHopStrategy(fixture_index, llm, k=2), llm)
     result = await pipeline.ask("How do heroes recover stamina?")
     assert result.hop_count == 3
@@ -112,7 +112,7 @@ async def test_same_passage_in_two_hops_appears_once(fixture_index: PassageIndex
             SufficiencyDecision(sufficient=True, new_queries=[]),
         ]
     )
-    strategy = MultiHopStrategy(fixture_index, ChatModelLLM(chat, "scripted"), k=3)
+    strategy = MultiHopStrategy(fixture_index, scripted_steps(chat), k=3)
     state = await strategy.execute(GraphState(main_question=CROSS_REF_QUESTION))
     ids = [d.passage_id for d in state.context]
     assert ids.count("fighting/flurry") == 1
@@ -124,7 +124,7 @@ async def test_same_passage_in_two_hops_appears_once(fixture_index: PassageIndex
 
 async def test_multi_question_searches_original_and_expansions(fixture_index: PassageIndex) -> None:
     chat = ScriptedChatModel(replies=[{"questions": ["Old Soldier gift", "second blow penalty"]}])
-    strategy = MultiQuestionStrategy(fixture_index, ChatModelLLM(chat, "scripted"), k=3)
+    strategy = MultiQuestionStrategy(fixture_index, scripted_steps(chat), k=3)
     state = await strategy.execute(GraphState(main_question=CROSS_REF_QUESTION))
     assert [q.text for q in state.questions] == [
         CROSS_REF_QUESTION,
@@ -136,7 +136,7 @@ async def test_multi_question_searches_original_and_expansions(fixture_index: Pa
 
 
 async def test_graph_runs_rewrite_retrieve_generate(fixture_index: PassageIndex) -> None:
-    llm = OfflineLLM()
+    llm = rule_steps()
     strategy = MultiHopStrategy(fixture_index, llm, k=2)
     graph = build_graph(strategy, llm)
     assert set(graph.get_graph().nodes) >= {"rewrite", "retrieve", "generate"}

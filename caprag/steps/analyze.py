@@ -1,15 +1,65 @@
-"""The sufficiency analyzer: do the gathered passages answer the question, and what to search next.
+"""Step `analyze` (multi-hop): do the gathered passages answer the question, what to search next.
 
-The decision rule is a pure function (`decide`) used by the offline backend and testable alone;
-LLM backends make the same decision with the versioned ANALYZE prompt.
+Rule: a pure function (`decide`), testable alone: follow unresolved cross-references; in passages
+that cite nothing, the names they mention but the question does not; else uncovered question
+terms. LLM: the ANALYZE prompt. Both are held to the same contract: at most `max_queries` new
+queries per hop (an LLM reply with more is cut, and the cut is noted on the call). If the LLM's
+reply never parses, the analysis says sufficient (multi-hop stops with what it has) and the call
+is recorded with its error.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
-from caprag.schemas import Document, SufficiencyDecision
+from pydantic import BaseModel, Field, field_validator
+
+from caprag.llm.client import StepFailedError, StructuredClient
+from caprag.llm.prompt import Prompt, format_passages
+from caprag.schemas import MAX_QUERIES, MAX_QUERY_CHARS, Document
+from caprag.steps.base import RuleStep, StepResult
+from caprag.steps.expand import cap
 from caprag.text import Reference, entities, references, sentences, terms
+
+ANALYZE = Prompt(
+    name="analyze",
+    version="analyze-v2",
+    system=(
+        "You decide whether retrieved rulebook passages are enough to answer a question.\n"
+        "1. Look for cross-references inside the passages whose target is not among them, such as "
+        "'see Powers, p. 100' or 'modified by Rapid Strike (Combat, p. 41)'. Each unresolved one "
+        "that matters for the question becomes a targeted query that keeps the citation, e.g. "
+        "'Rapid Strike (Combat, p. 41)'.\n"
+        "2. Look for parts of the question that no passage covers; each becomes a query.\n"
+        "Set sufficient=true only when nothing important is missing. Give at most {max_queries} "
+        "new_queries, none that was already searched, and one or two sentences of reasoning."
+    ),
+    user="Question: {question}\n\nAlready searched:\n{searched}\n\nPassages:\n{passages}",
+)
+
+
+class SufficiencyDecision(BaseModel):
+    """Whether the gathered passages answer the question, and what to search next if not."""
+
+    sufficient: bool = Field(
+        description="True when the passages answer every part of the question."
+    )
+    new_queries: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_QUERIES,
+        description="Targeted searches for unresolved cross-references or missing parts.",
+    )
+    reasoning: str = Field(default="", max_length=2000, description="One or two sentences why.")
+
+    @field_validator("new_queries")
+    @classmethod
+    def _bounded(cls, value: list[str]) -> list[str]:
+        for query in value:
+            if len(query) > MAX_QUERY_CHARS:
+                raise ValueError(f"a query is longer than {MAX_QUERY_CHARS} characters")
+        return [q.strip() for q in value if q.strip()]
+
 
 MAX_NEW_QUERIES = 3
 FOLLOW_FROM_TOP = 2
@@ -167,3 +217,61 @@ def decide(
             + "nothing left to search: every reference is resolved or already searched",
         )
     return SufficiencyDecision(sufficient=False, new_queries=queries, reasoning="; ".join(reasons))
+
+
+def prompt_values(
+    question: str, documents: Sequence[Document], searched: Sequence[str], max_queries: int
+) -> dict[str, str]:
+    """The ANALYZE prompt's arguments."""
+    return {
+        "question": question,
+        "searched": "\n".join(searched) or "(nothing)",
+        "passages": format_passages(documents),
+        "max_queries": str(max_queries),
+    }
+
+
+class RuleAnalyzer(RuleStep):
+    """The sufficiency rule (`decide`)."""
+
+    max_queries = MAX_NEW_QUERIES
+
+    async def __call__(
+        self, question: str, documents: Sequence[Document], searched: Sequence[str]
+    ) -> StepResult[SufficiencyDecision]:
+        t0 = time.perf_counter()
+        decision = decide(question, documents, searched)
+        values = prompt_values(question, documents, searched, self.max_queries)
+        return self.costed("analyze", ANALYZE, decision, decision.model_dump_json(), t0, **values)
+
+
+class LLMAnalyzer:
+    """The model's sufficiency decision, held to at most `max_queries` new queries."""
+
+    kind = "llm"
+
+    def __init__(self, client: StructuredClient, max_queries: int = MAX_NEW_QUERIES) -> None:
+        self.client = client
+        self.model = client.model
+        self.max_queries = max_queries
+
+    async def __call__(
+        self, question: str, documents: Sequence[Document], searched: Sequence[str]
+    ) -> StepResult[SufficiencyDecision]:
+        values = prompt_values(question, documents, searched, self.max_queries)
+        try:
+            decision, usage = await self.client.structured(
+                "analyze", ANALYZE, SufficiencyDecision, **values
+            )
+        except StepFailedError as failed:
+            stop = SufficiencyDecision(
+                sufficient=True,
+                new_queries=[],
+                reasoning=f"the analyzer's reply could not be used ({failed.detail[:200]}): "
+                "stopping with what was found",
+            )
+            return StepResult(value=stop, usage=failed.usage)
+        notes: list[str] = []
+        queries = cap(decision.new_queries, self.max_queries, notes)
+        decision = decision.model_copy(update={"new_queries": queries})
+        return StepResult(value=decision, usage=usage.model_copy(update={"notes": notes}))

@@ -1,0 +1,205 @@
+"""The structured-call client: one chat model behind every LLM step.
+
+It renders nothing and decides nothing: a step hands it the messages (its prompt, filled) and an
+output schema; the client sends them, parses the reply (retrying a reply that does not parse),
+counts usage from the server's `usage` (the tokenizer where absent), prices it, keeps the
+messages and the raw reply for the trace, and answers identical calls from the response cache.
+Transport retries (429, 5xx, timeouts) belong to the chat model's own client.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any, TypeVar
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage
+from pydantic import BaseModel
+
+from caprag.errors import LLMCallError, StructuredOutputError
+from caprag.llm.cache import ResponseCache, cache_key
+from caprag.llm.prompt import Prompt, as_sent
+from caprag.llm.usage import count_tokens, price
+from caprag.schemas import CallUsage
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class StepFailedError(StructuredOutputError):
+    """A reply never parsed; carries the usage of every attempt (tokens were spent)."""
+
+    def __init__(self, schema: str, detail: str, attempts: int, usage: CallUsage) -> None:
+        super().__init__(schema, detail, attempts)
+        self.usage = usage
+
+
+class StructuredClient:
+    """Structured replies through `with_structured_output`, plain text through `ainvoke`."""
+
+    def __init__(
+        self,
+        chat: BaseChatModel,
+        model: str,
+        *,
+        structured_method: str = "function_calling",
+        parse_attempts: int = 3,
+        backend: str = "chat",
+        cache: ResponseCache | None = None,
+    ) -> None:
+        if parse_attempts < 1:
+            raise ValueError("parse_attempts must be at least 1")
+        self.chat = chat
+        self.model = model
+        self.structured_method = structured_method
+        self.parse_attempts = parse_attempts
+        self.backend = backend
+        self.cache = cache
+        self._runnables: dict[type[BaseModel], Any] = {}
+
+    def _key(self, prompt: Prompt, messages: list[BaseMessage], **extra: Any) -> str:
+        """What shapes a reply: provider and endpoint, model, every message, the chat model's
+        parameters (temperature, seed, output cap...), the output schema and the prompt version."""
+        return cache_key(
+            provider=self.backend,
+            endpoint=getattr(self.chat, "openai_api_base", None),
+            model=self.model,
+            messages=[(m.type, m.content) for m in messages],
+            params=getattr(self.chat, "_identifying_params", {}),
+            prompt_version=prompt.version,
+            **extra,
+        )
+
+    def _replay(self, key: str, step: str) -> tuple[Any, CallUsage] | None:
+        """A cached reply and its original usage, marked cached (no time spent, no money)."""
+        if self.cache is None:
+            return None
+        hit = self.cache.get(key)
+        if hit is None:
+            return None
+        usage = CallUsage.model_validate(hit["usage"]).model_copy(
+            update={"cached": True, "latency_s": 0.0, "step": step}
+        )
+        return hit["value"], usage
+
+    def _store(self, key: str, value: Any, usage: CallUsage) -> None:
+        if self.cache is not None:
+            self.cache.put(
+                key,
+                {"value": value, "usage": usage.model_dump()},
+                model=usage.model,
+                step=usage.step,
+            )
+
+    def _runnable(self, schema: type[BaseModel]) -> Any:
+        """The structured-output runnable of a schema, built once (building it costs more CPU
+        than the rest of a call's client work)."""
+        if schema not in self._runnables:
+            self._runnables[schema] = self.chat.with_structured_output(
+                schema, method=self.structured_method, include_raw=True
+            )
+        return self._runnables[schema]
+
+    def _usage(
+        self, step: str, prompt: Prompt, messages: list[BaseMessage], raw: Any, t0: float
+    ) -> CallUsage:
+        reported = getattr(raw, "usage_metadata", None) if isinstance(raw, AIMessage) else None
+        reply = raw_text(raw)
+        if reported:
+            prompt_tokens = int(reported.get("input_tokens", 0))
+            completion_tokens = int(reported.get("output_tokens", 0))
+            counted = "reported"
+        else:
+            prompt_tokens = sum(count_tokens(str(m.content)) for m in messages)
+            completion_tokens = count_tokens(reply)
+            counted = "tokenizer"
+        return CallUsage(
+            step=step,
+            model=self.model,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            cost_usd=price(self.model, prompt_tokens, completion_tokens),
+            latency_s=time.perf_counter() - t0,
+            counted=counted,  # type: ignore[arg-type]
+            prompt_version=prompt.version,
+            messages=as_sent(messages),
+            reply=reply,
+        )
+
+    async def structured(
+        self, step: str, prompt: Prompt, schema: type[M], **values: str
+    ) -> tuple[M, CallUsage]:
+        """The reply parsed as `schema`, and the usage of every attempt it took.
+
+        Raises StepFailedError (with that usage) when no attempt parsed, LLMCallError when the
+        endpoint failed.
+        """
+        messages = prompt.render(**values)
+        key = self._key(
+            prompt, messages, schema=_json_schema(schema), method=self.structured_method
+        )
+        replayed = self._replay(key, step)
+        if replayed is not None:
+            return schema.model_validate(replayed[0]), replayed[1]
+        runnable = self._runnable(schema)
+        detail = ""
+        spent: list[CallUsage] = []
+        for _attempt in range(self.parse_attempts):
+            t0 = time.perf_counter()
+            try:
+                out = await runnable.ainvoke(messages)
+            except Exception as exc:
+                raise LLMCallError(f"{step}: the LLM endpoint failed: {exc}") from exc
+            assert isinstance(out, dict)
+            spent.append(self._usage(step, prompt, messages, out.get("raw"), t0))
+            parsed = out.get("parsed")
+            if isinstance(parsed, schema):
+                total = _merged(spent)
+                self._store(key, parsed.model_dump(mode="json"), total)
+                return parsed, total
+            detail = str(out.get("parsing_error") or f"no {schema.__name__} in the reply")
+        failed = _merged(spent).model_copy(update={"error": f"unparseable reply: {detail}"})
+        raise StepFailedError(schema.__name__, detail, self.parse_attempts, failed)
+
+    async def text(self, step: str, prompt: Prompt, **values: str) -> tuple[str, CallUsage]:
+        """A plain-text reply (stripped of quotes) and its usage."""
+        messages = prompt.render(**values)
+        key = self._key(prompt, messages)
+        replayed = self._replay(key, step)
+        if replayed is not None:
+            return str(replayed[0]), replayed[1]
+        t0 = time.perf_counter()
+        try:
+            raw = await self.chat.ainvoke(messages)
+        except Exception as exc:
+            raise LLMCallError(f"{step}: the LLM endpoint failed: {exc}") from exc
+        text = raw_text(raw).strip().strip('"').strip()
+        usage = self._usage(step, prompt, messages, raw, t0)
+        self._store(key, text, usage)
+        return text, usage
+
+
+def _merged(spent: list[CallUsage]) -> CallUsage:
+    """One usage for all attempts of a call: tokens, cost and time added, the last reply kept."""
+    return spent[-1].model_copy(
+        update={
+            "prompt_tokens": sum(u.prompt_tokens for u in spent),
+            "completion_tokens": sum(u.completion_tokens for u in spent),
+            "cost_usd": sum(u.cost_usd for u in spent),
+            "latency_s": sum(u.latency_s for u in spent),
+            "attempts": len(spent),
+        }
+    )
+
+
+@functools.cache
+def _json_schema(schema: type[BaseModel]) -> dict[str, Any]:
+    return schema.model_json_schema()
+
+
+def raw_text(raw: Any) -> str:
+    """A reply as text: its content, then the arguments of any tool call."""
+    if isinstance(raw, AIMessage):
+        calls = " ".join(str(c.get("args")) for c in [*raw.tool_calls, *raw.invalid_tool_calls])
+        return f"{raw.text}{calls}"
+    return "" if raw is None else str(raw)

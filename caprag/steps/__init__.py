@@ -1,0 +1,134 @@
+"""The pipeline's LLM steps, one module each: prompt, output schema, rule and LLM implementation.
+
+`Steps` is what a strategy and the graph receive: one implementation per step, rule or LLM, mixed
+freely (`build_steps(client, analyzer="rule", generator="llm")`). All rule is the offline
+baseline; all LLM is a real model doing every step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from caprag.errors import ConfigError
+from caprag.llm.client import StructuredClient
+from caprag.llm.prompt import Prompt
+from caprag.steps.analyze import ANALYZE, LLMAnalyzer, RuleAnalyzer
+from caprag.steps.assess import ASSESS, LLMAssessor, RuleAssessor
+from caprag.steps.base import KINDS, StepResult
+from caprag.steps.classify import CLASSIFY, LLMClassifier, RuleClassifier
+from caprag.steps.expand import EXPAND, LLMExpander, RuleExpander
+from caprag.steps.generate import GENERATE, LLMGenerator, RuleGenerator
+from caprag.steps.rewrite import REWRITE, LLMRewriter, RuleRewriter
+
+ALL_PROMPTS: tuple[Prompt, ...] = (EXPAND, ANALYZE, GENERATE, REWRITE, CLASSIFY, ASSESS)
+
+ROLES: dict[str, str] = {
+    "expander": "expand",
+    "analyzer": "analyze",
+    "generator": "generate",
+    "rewriter": "rewrite",
+    "classifier": "classify",
+    "confidence": "assess",
+}
+"""The name a user chooses an implementation by (Hydra key, CAPRAG_<NAME> variable) → its step."""
+
+CHOICES = ("auto", *KINDS)
+"""auto: the LLM when there is a client, else the rule."""
+
+
+@dataclass(frozen=True)
+class Steps:
+    """One implementation of each step; call them as `await steps.analyze(...)`."""
+
+    expand: Any
+    analyze: Any
+    generate: Any
+    rewrite: Any
+    classify: Any
+    assess: Any
+
+    def kinds(self) -> dict[str, str]:
+        """Step → rule or llm."""
+        return {role: getattr(self, step).kind for role, step in ROLES.items()}
+
+    @property
+    def backend(self) -> str:
+        """offline (every step by its rule), llm (every step by the model) or mixed."""
+        kinds = set(self.kinds().values())
+        return "offline" if kinds == {"rule"} else "llm" if kinds == {"llm"} else "mixed"
+
+    @property
+    def model(self) -> str:
+        """The model of the LLM steps ('offline' when there are none)."""
+        models = [getattr(self, step).model for step in ROLES.values()]
+        return next((m for m in models if m != "offline"), "offline")
+
+    def describe(self) -> str:
+        """'analyzer=rule generator=llm ...', for run names and logs."""
+        return " ".join(f"{role}={kind}" for role, kind in self.kinds().items())
+
+
+def build_steps(
+    client: StructuredClient | None = None,
+    *,
+    rewrite_client: StructuredClient | None = None,
+    price_model: str = "gpt-4o-mini",
+    choices: Mapping[str, str] | None = None,
+) -> Steps:
+    """Steps chosen per role (`choices`: role → auto | rule | llm; missing roles are auto).
+
+    `client` runs the LLM steps, `rewrite_client` (default `client`) the rewrite; rule steps are
+    costed at `price_model`. Choosing `llm` for a role without a client is a ConfigError.
+    """
+    chosen = dict(choices or {})
+    unknown = sorted(set(chosen) - set(ROLES))
+    if unknown:
+        raise ConfigError(f"unknown step {unknown[0]!r}: choose among {', '.join(ROLES)}")
+    kinds: dict[str, str] = {}
+    for role in ROLES:
+        choice = str(chosen.get(role) or "auto")
+        if choice not in CHOICES:
+            raise ConfigError(f"{role}={choice!r}: use one of {', '.join(CHOICES)}")
+        if choice == "llm" and client is None:
+            raise ConfigError(
+                f"{role}=llm needs a language model: choose llm=openai (CAPRAG_LLM=openai)"
+            )
+        kinds[role] = ("llm" if client is not None else "rule") if choice == "auto" else choice
+
+    def pick(role: str, rule: Any, make: Any, with_client: StructuredClient | None = client) -> Any:
+        if kinds[role] != "llm":
+            return rule
+        assert with_client is not None
+        return make(with_client)
+
+    return Steps(
+        expand=pick("expander", RuleExpander(price_model), LLMExpander),
+        analyze=pick("analyzer", RuleAnalyzer(price_model), LLMAnalyzer),
+        generate=pick("generator", RuleGenerator(price_model), LLMGenerator),
+        rewrite=pick("rewriter", RuleRewriter(price_model), LLMRewriter, rewrite_client or client),
+        classify=pick("classifier", RuleClassifier(price_model), LLMClassifier),
+        assess=pick("confidence", RuleAssessor(), LLMAssessor),
+    )
+
+
+def rule_steps(price_model: str = "gpt-4o-mini") -> Steps:
+    """Every step by its rule: the offline baseline (no model, no key, no network)."""
+    return build_steps(None, price_model=price_model)
+
+
+def prompt_versions() -> dict[str, str]:
+    """Name → version of every prompt, for run metadata."""
+    return {prompt.name: prompt.version for prompt in ALL_PROMPTS}
+
+
+__all__ = [
+    "ALL_PROMPTS",
+    "ROLES",
+    "StepResult",
+    "Steps",
+    "build_steps",
+    "prompt_versions",
+    "rule_steps",
+]

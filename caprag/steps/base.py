@@ -1,0 +1,55 @@
+"""What every step returns, and how a rule step is costed as if its prompt had been sent."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Generic, Literal, TypeVar
+
+from caprag.llm.prompt import Prompt
+from caprag.llm.usage import count_tokens, price
+from caprag.schemas import CallUsage
+
+T = TypeVar("T")
+Kind = Literal["rule", "llm"]
+KINDS: tuple[Kind, ...] = ("rule", "llm")
+
+
+@dataclass(frozen=True)
+class StepResult(Generic[T]):
+    """A step's value, the call it made (None for a rule that stands in for no call), and the
+    heuristic signals behind it where a rule has them."""
+
+    value: T
+    usage: CallUsage | None
+    signals: dict[str, float] | None = field(default=None)
+
+
+class RuleStep:
+    """A step answered by deterministic rules: no model, no network. Its usage is counted by
+    rendering the same versioned prompt an LLM would get, priced at `price_model`, so rule and
+    LLM runs compare on cost."""
+
+    kind: Kind = "rule"
+    model = "offline"
+
+    def __init__(self, price_model: str = "gpt-4o-mini") -> None:
+        self.price_model = price_model
+
+    def costed(
+        self, step: str, prompt: Prompt, value: T, out: str, t0: float, **values: str
+    ) -> StepResult[T]:
+        """The value, with the usage of sending `prompt` filled with `values` and getting `out`."""
+        prompt_tokens = count_tokens(prompt.text(**values))
+        completion_tokens = count_tokens(out)
+        usage = CallUsage(
+            step=step,
+            model=self.model,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            cost_usd=price(self.price_model, prompt_tokens, completion_tokens),
+            latency_s=time.perf_counter() - t0,
+            counted="tokenizer",
+            prompt_version=prompt.version,
+        )
+        return StepResult(value=value, usage=usage)

@@ -1,0 +1,86 @@
+"""Step `expand`: break a question into standalone search queries (multi-question, multi-hop).
+
+Rule: one query per named rule in the question, then the bare keywords. LLM: the EXPAND prompt.
+If the LLM's reply never parses, no sub-question is searched (the question alone is), and the
+call is recorded with its error.
+"""
+
+from __future__ import annotations
+
+import time
+
+from pydantic import BaseModel, Field, field_validator
+
+from caprag.llm.client import StepFailedError, StructuredClient
+from caprag.llm.prompt import Prompt
+from caprag.schemas import MAX_QUERIES, MAX_QUERY_CHARS
+from caprag.steps.base import RuleStep, StepResult
+from caprag.text import entities, terms
+
+EXPAND = Prompt(
+    name="expand",
+    version="expand-v2",
+    system=(
+        "You help search a library of tabletop role-playing rulebooks. Break the user's question "
+        "into at most {n} short, standalone search queries, one per rule, term or book the answer "
+        "depends on. Do not repeat the original question. Return them in the field 'questions'."
+    ),
+    user="Question: {question}",
+)
+
+
+class Questions(BaseModel):
+    """Sub-questions produced by query expansion (the original is added by the strategy)."""
+
+    questions: list[str] = Field(max_length=MAX_QUERIES)
+
+    @field_validator("questions")
+    @classmethod
+    def _bounded(cls, value: list[str]) -> list[str]:
+        return [q.strip()[:MAX_QUERY_CHARS] for q in value if q.strip()]
+
+
+def cap(queries: list[str], n: int, notes: list[str]) -> list[str]:
+    """At most n queries; what is dropped is noted."""
+    if len(queries) > n:
+        notes.append(f"{len(queries)} queries cut to {n}: dropped " + "; ".join(queries[n:]))
+    return queries[:n]
+
+
+def rule_expansion(question: str, n: int) -> list[str]:
+    """Named rules of the question, then its keywords, at most n."""
+    subs = [name for name in entities(question) if name.lower() != question.lower()]
+    keywords = " ".join(dict.fromkeys(terms(question)))
+    if keywords and keywords not in subs:
+        subs.append(keywords)
+    return subs[:n]
+
+
+class RuleExpander(RuleStep):
+    """Expansion by entities and keywords."""
+
+    async def __call__(self, question: str, n: int) -> StepResult[list[str]]:
+        t0 = time.perf_counter()
+        subs = rule_expansion(question, n)
+        return self.costed("expand", EXPAND, subs, "\n".join(subs), t0, question=question, n=str(n))
+
+
+class LLMExpander:
+    """Expansion by the model, cut to n."""
+
+    kind = "llm"
+
+    def __init__(self, client: StructuredClient) -> None:
+        self.client = client
+        self.model = client.model
+
+    async def __call__(self, question: str, n: int) -> StepResult[list[str]]:
+        try:
+            value, usage = await self.client.structured(
+                "expand", EXPAND, Questions, question=question, n=str(n)
+            )
+        except StepFailedError as failed:
+            return StepResult(value=[], usage=failed.usage)
+        notes: list[str] = []
+        queries = cap(value.questions, n, notes)
+        return StepResult(value=queries, usage=usage.model_copy(update={"notes": notes}))

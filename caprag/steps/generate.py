@@ -1,0 +1,147 @@
+"""Step `generate`: answer from the passages only, naming the passages used.
+
+Rule: extract the best-matching sentence, and the best sentence of a passage it cross-references.
+LLM: the GENERATE prompt; source ids not among the passages are dropped (and noted). A reply that
+never parses fails the question (there is no answer to fall back to), with the call's usage.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Sequence
+
+from pydantic import BaseModel, Field
+
+from caprag.llm.client import StructuredClient
+from caprag.llm.prompt import History, Prompt, format_history, format_passages
+from caprag.schemas import Document
+from caprag.steps.analyze import is_resolved
+from caprag.steps.base import RuleStep, StepResult
+from caprag.text import references, sentences, terms
+
+REFUSAL = "The rulebooks do not say."
+MIN_ANSWER_OVERLAP = 0.4
+ROW_KEY_BONUS = 0.3
+
+GENERATE = Prompt(
+    name="generate",
+    version="generate-v1",
+    system=(
+        "Answer the question about the rulebooks using only the passages given. Follow the "
+        "cross-references between passages when they change the answer. Be brief and give the "
+        "numbers. If the passages do not contain the answer, answer exactly: "
+        "'{refusal}' List in source_ids the ids of the passages you used."
+    ),
+    user="{history}Question: {question}\n\nPassages:\n{passages}",
+)
+
+
+class GeneratedAnswer(BaseModel):
+    """What the generator returns: the answer text and the passage ids it relied on."""
+
+    answer: str = Field(max_length=4000)
+    source_ids: list[str] = Field(default_factory=list, max_length=20)
+
+
+def prompt_values(question: str, documents: Sequence[Document], history: History) -> dict[str, str]:
+    """The GENERATE prompt's arguments (earlier turns first, when there are any)."""
+    return {
+        "question": question,
+        "passages": format_passages(documents),
+        "history": format_history(history) + "\n\n" if history else "",
+        "refusal": REFUSAL,
+    }
+
+
+def _row_key(row: str) -> str:
+    """First cell of a table row (after the header prefix added by `sentences`)."""
+    cells = [c.strip() for c in row.split("|") if c.strip()]
+    header_width = row.count("|") // 2
+    data = cells[header_width - 1 :] if header_width > 1 else cells
+    return data[0].lower() if data else ""
+
+
+def _best_sentence(wanted: set[str], doc: Document) -> tuple[float, str]:
+    best = (0.0, "")
+    head = set(terms(doc.section))
+    for sentence in sentences(doc.text):
+        words = set(terms(sentence))
+        score = len(wanted & (words | head)) / max(len(wanted), 1)
+        if re.search(r"\d", sentence):
+            score += 0.05
+        if sentence.startswith("|"):
+            key = _row_key(sentence)
+            if key and key in wanted:
+                score += ROW_KEY_BONUS
+        if score > best[0]:
+            best = (score, sentence)
+    return best
+
+
+def extract_answer(question: str, documents: Sequence[Document]) -> GeneratedAnswer:
+    """The best-matching sentence, plus the best sentence of a passage it points to."""
+    wanted = set(terms(question))
+    scored = sorted(
+        ((*_best_sentence(wanted, doc), index) for index, doc in enumerate(documents)),
+        key=lambda item: (-item[0], item[2]),
+    )
+    if not scored or scored[0][0] < MIN_ANSWER_OVERLAP:
+        return GeneratedAnswer(answer=REFUSAL, source_ids=[])
+    _, sentence, index = scored[0]
+    first = documents[index]
+    parts = [f"{sentence} [{first.passage_id}]"]
+    sources = [first.passage_id]
+    for reference in references(first.text):
+        target = next(
+            (d for d in documents if is_resolved(reference, [d]) and d.passage_id not in sources),
+            None,
+        )
+        if target is None:
+            continue
+        _, follow = _best_sentence(wanted | set(terms(sentence)), target)
+        if follow:
+            parts.append(f"{follow} [{target.passage_id}]")
+            sources.append(target.passage_id)
+        if len(sources) >= 3:
+            break
+    return GeneratedAnswer(answer=" ".join(parts), source_ids=sources)
+
+
+class RuleGenerator(RuleStep):
+    """The extractive answer (`extract_answer`)."""
+
+    async def __call__(
+        self, question: str, documents: Sequence[Document], history: History = ()
+    ) -> StepResult[GeneratedAnswer]:
+        t0 = time.perf_counter()
+        answer = extract_answer(question, documents)
+        values = prompt_values(question, documents, history)
+        return self.costed("generate", GENERATE, answer, answer.model_dump_json(), t0, **values)
+
+
+class LLMGenerator:
+    """The model's answer; cited ids that are not among the passages are dropped."""
+
+    kind = "llm"
+
+    def __init__(self, client: StructuredClient) -> None:
+        self.client = client
+        self.model = client.model
+
+    async def __call__(
+        self, question: str, documents: Sequence[Document], history: History = ()
+    ) -> StepResult[GeneratedAnswer]:
+        values = prompt_values(question, documents, history)
+        answer, usage = await self.client.structured(
+            "generate", GENERATE, GeneratedAnswer, **values
+        )
+        known = {d.passage_id for d in documents}
+        unknown = [i for i in answer.source_ids if i not in known]
+        notes = (
+            [f"cited ids not among the passages dropped: {', '.join(unknown)}"] if unknown else []
+        )
+        answer = answer.model_copy(
+            update={"source_ids": [i for i in answer.source_ids if i in known]}
+        )
+        return StepResult(value=answer, usage=usage.model_copy(update={"notes": notes}))

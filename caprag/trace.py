@@ -1,0 +1,53 @@
+"""The hop-by-hop trace every strategy records: queries, documents, decisions, calls."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from caprag.schemas import CallUsage, RetrievedRef
+from caprag.steps.analyze import SufficiencyDecision
+
+
+class HopTrace(BaseModel):
+    """What one hop of retrieval did."""
+
+    hop: int
+    queries: list[str]
+    documents: list[RetrievedRef] = Field(default_factory=list)
+    new_documents: int = 0
+    duplicate_documents: int = 0
+    decision: SufficiencyDecision | None = None
+    usage: list[CallUsage] = Field(default_factory=list)
+    latency_s: float = 0.0
+    # Adaptive depth only (None for the other strategies): one hop is one iteration.
+    depth: int | None = Field(default=None, description="Depth level searched (1, 2, 3).")
+    chunks: int | None = Field(default=None, description="Passages in the context after the hop.")
+    context_tokens: int | None = Field(default=None, description="Tokens of those passages.")
+    confidence: float | None = Field(default=None, description="Confidence after the hop, 0-1.")
+    confidence_signals: dict[str, float] | None = Field(
+        default=None, description="Heuristic parts: relevance, recency, diversity, completeness."
+    )
+    missing_info: list[str] | None = Field(default=None, description="What the context lacks.")
+    threshold: float | None = Field(default=None, description="Confidence the query type needs.")
+    query_type: str | None = Field(default=None, description="factual/operational/decision/...")
+    adaptive_decision: str | None = Field(
+        default=None,
+        description="increase_depth, sufficient, forced_depth or budget_exhausted:<budget>.",
+    )
+    warning: str | None = Field(default=None, description="Stopped below the threshold: why.")
+    hint: str | None = Field(default=None, description="Forced depth below threshold: advice.")
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Prompt tokens spent in this hop."""
+        return sum(u.prompt_tokens for u in self.usage)
+
+    @property
+    def completion_tokens(self) -> int:
+        """Completion tokens spent in this hop."""
+        return sum(u.completion_tokens for u in self.usage)
+
+    @property
+    def cost_usd(self) -> float:
+        """Cost of this hop's LLM calls."""
+        return sum(u.cost_usd for u in self.usage)
