@@ -228,6 +228,9 @@ class TraceView:
     status: str = "ok"
     error: str = ""
     sections: dict[str, str] = field(default_factory=dict)
+    calls: list[dict[str, Any]] | None = None
+    """Every LLM step of the turn in order (CallUsage as data); None when the run did not record
+    them (tables logged before the `calls` column)."""
 
 
 def trace_from_row(row: pd.Series) -> TraceView:
@@ -250,6 +253,7 @@ def trace_from_row(row: pd.Series) -> TraceView:
         status=str(row.get("status", "ok") or "ok"),
         error=str(row.get("error", "") or ""),
         sections=sections,
+        calls=_calls(row.get("calls")),
     )
 
 
@@ -258,6 +262,74 @@ def _json(value: Any, default: list[Any]) -> list[Any]:
         decoded = json.loads(value)
         return list(decoded) if isinstance(decoded, list) else default
     return default
+
+
+def _calls(value: Any) -> list[dict[str, Any]] | None:
+    """The `calls` column decoded; None when the table has no such column (or no value)."""
+    if not isinstance(value, str):
+        return None
+    if not value:
+        return []
+    try:
+        decoded = json.loads(value)
+    except json.JSONDecodeError:
+        return None
+    return [c for c in decoded if isinstance(c, dict)] if isinstance(decoded, list) else None
+
+
+RULE_MODEL = "offline"
+"""The `model` of a step answered by its rule (no call sent)."""
+
+
+def is_rule(call: dict[str, Any]) -> bool:
+    """Whether a usage record is a rule step's (nothing sent) rather than a model call's."""
+    return str(call.get("model", "")) == RULE_MODEL
+
+
+def steps_ran(calls: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """Step → 'rule' or the model that answered it, in the order the steps first ran."""
+    ran: dict[str, list[str]] = {}
+    for call in calls:
+        by = "rule" if is_rule(call) else str(call.get("model") or "model")
+        seen = ran.setdefault(str(call.get("step") or "?"), [])
+        if by not in seen:
+            seen.append(by)
+    return {step: " + ".join(by) for step, by in ran.items()}
+
+
+def call_line(number: int, call: dict[str, Any]) -> str:
+    """One call in one Markdown line: step, rule or model, tokens, cost, attempts, error, notes."""
+    step = _escape(str(call.get("step") or "?"))
+    tokens = f"{int(call.get('prompt_tokens') or 0)} + {int(call.get('completion_tokens') or 0)}"
+    cost = f"\\${float(call.get('cost_usd') or 0.0):.6f}"
+    if is_rule(call):
+        parts = [f"rule: no call sent · {tokens} tokens if sent · {cost} estimated"]
+    else:
+        attempts = int(call.get("attempts") or 1)
+        parts = [
+            f"model `{str(call.get('model') or '?').replace('`', '')}`",
+            f"{tokens} tokens",
+            cost,
+            f"{attempts} attempt{'s' if attempts != 1 else ''}",
+        ]
+        if call.get("cached"):
+            parts.append("cached (nothing sent this time)")
+        if call.get("messages") is None:
+            parts.append("messages not recorded")
+    if call.get("error"):
+        parts.append(f"**error:** {_escape(str(call['error']))}")
+    notes = [str(n) for n in call.get("notes") or []]
+    if notes:
+        parts.append("**notes:** " + "; ".join(_escape(n) for n in notes))
+    return f"{number}. **{step}** · " + " · ".join(parts)
+
+
+_MARKDOWN = str.maketrans({c: f"\\{c}" for c in "\\`*_[]<>|$~"})
+
+
+def _escape(text: str) -> str:
+    """Text shown literally inside Markdown (no emphasis, links or math from model output)."""
+    return " ".join(text.split()).translate(_MARKDOWN)
 
 
 def hop_documents(hop: dict[str, Any], sections: dict[str, str]) -> pd.DataFrame:

@@ -8,7 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from caprag.services import AskResult
-from experiments.dashboard.data import TraceView, hop_documents
+from experiments.dashboard.data import TraceView, call_line, hop_documents, is_rule, steps_ran
 from experiments.evaluate import trace_of
 
 
@@ -22,6 +22,7 @@ def trace_from_result(result: AskResult, sections: dict[str, str]) -> TraceView:
         answer=result.answer,
         context_ids=[d.passage_id for d in result.context],
         sections=sections,
+        calls=[usage.model_dump(mode="json") for usage in result.usage],
     )
 
 
@@ -32,6 +33,7 @@ def render_trace(view: TraceView) -> None:
         st.markdown(f"**Rewritten as:** {view.main_question}")
     if view.status != "ok":
         st.error(f"This question failed: {view.error or view.status}")
+    render_calls(view.calls)
     if not view.hops:
         st.info("No hop trace was recorded for this question.")
     pages: dict[str, Any] = {}
@@ -54,6 +56,50 @@ def render_trace(view: TraceView) -> None:
             st.table(_passages(view.gold_ids, view.context_ids, view, pages, "in context"))
         else:
             st.write("— (none)")
+
+
+def render_calls(calls: list[dict[str, Any]] | None) -> None:
+    """Which steps ran by rule and which by model, then every call on demand: one line each and,
+    for a model call, the messages exactly as sent and the raw reply."""
+    if calls is None:
+        st.caption(
+            "LLM calls: not recorded (this run's per-question table has no `calls` column: it was "
+            "logged by an older caprag)."
+        )
+        return
+    ran = steps_ran(calls)
+    st.markdown(
+        "**Steps:** "
+        + (" · ".join(f"{step} by {by}" for step, by in ran.items()) or "no LLM step ran")
+    )
+    with st.expander(f"LLM calls ({len(calls)})"):
+        if not calls:
+            st.write("No LLM step ran for this question.")
+        for number, call in enumerate(calls, start=1):
+            st.markdown(call_line(number, call))
+            if is_rule(call):
+                continue
+            label = (
+                f"{number}. {call.get('step', '?')} · {call.get('model', '?')}: messages and reply"
+            )
+            with st.expander(label):
+                _render_exchange(call)
+
+
+def _render_exchange(call: dict[str, Any]) -> None:
+    """The messages of one model call as sent (role, then content verbatim) and its reply."""
+    messages = call.get("messages")
+    if messages is None:
+        st.caption("The messages of this call were not recorded.")
+    for message in messages or []:
+        st.markdown(f"**{message.get('role', '?')}**")
+        st.code(str(message.get("content", "")), language=None, wrap_lines=True)
+    st.markdown("**reply**")
+    reply = call.get("reply")
+    if reply is None:
+        st.caption("No reply was recorded for this call.")
+    else:
+        st.code(str(reply), language=None, wrap_lines=True)
 
 
 def _render_hop(hop: dict[str, Any], sections: dict[str, str], graded: bool) -> None:

@@ -1,4 +1,5 @@
-"""MLflow stores for the dashboard tests: real harness runs, odd runs, and an empty store."""
+"""MLflow stores for the dashboard tests: real harness runs, odd runs, a run with recorded LLM
+calls, and an empty store."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from caprag.schemas import CallUsage
+from experiments.evaluate import QuestionRow
 from experiments.run import run
-from experiments.tracking import mlflow, use_experiment
+from experiments.tracking import TABLE, mlflow, use_experiment
 from tests.integration.test_harness import make_cfg
 
 
@@ -68,6 +71,84 @@ def odd_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
         ]
         mlflow.log_table(pd.DataFrame(rows), artifact_file="questions.json")
     return Store(uri, {"no-table": no_table.info.run_id, "old": old.info.run_id})
+
+
+SYSTEM_PROMPT = (
+    "Decide whether the passages answer the question.\nIf not, give *new* queries (at most 3) "
+    "for what is missing: costs in $ and `code` stay as written."
+)
+USER_PROMPT = "Question: What penalty does the second attack of a Flurry suffer?\n\nPassages:\n"
+REPLY = '{"sufficient": false, "reasoning": "needs Old Soldier", "new_queries": ["Old Soldier"]}'
+
+
+def model_call() -> CallUsage:
+    """An analyze call sent to a model: its messages as sent, the raw reply, a retry and a note."""
+    return CallUsage(
+        step="analyze",
+        model="gpt-4o-mini",
+        prompt_tokens=412,
+        completion_tokens=37,
+        cost_usd=0.0000840,
+        latency_s=1.25,
+        counted="reported",
+        prompt_version="analyze-v1",
+        messages=[
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": USER_PROMPT + "[fighting/flurry] Flurry: two attacks."},
+        ],
+        reply=REPLY,
+        attempts=2,
+        notes=["dropped 1 query longer than 300 characters"],
+    )
+
+
+def rule_call() -> CallUsage:
+    """A generate step answered by its rule: costed as if sent, nothing sent."""
+    return CallUsage(
+        step="generate", model="offline", prompt_tokens=297, completion_tokens=83, cost_usd=9e-05
+    )
+
+
+@pytest.fixture(scope="session")
+def calls_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    """One run whose questions table has a `calls` column: a model call and a rule call."""
+    tmp = tmp_path_factory.mktemp("calls")
+    uri = f"sqlite:///{tmp / 'mlruns.db'}"
+    experiment = use_experiment(uri, "caprag")
+    tags = {
+        "caprag.strategy": "multi-hop",
+        "caprag.dataset": "cross_book",
+        "caprag.llm": "openai",
+        "caprag.schema": "1",
+    }
+    calls = [model_call(), rule_call()]
+    hop_usage = calls[0].model_dump(mode="json", exclude={"messages", "reply"})
+    document = {
+        "passage_id": "fighting/flurry", "book_id": "fighting", "page": 41, "score": 0.8,
+        "new": True, "gold": True, "section": "Flurry",
+    }  # fmt: skip
+    hop = {
+        "hop": 1, "queries": ["Flurry second attack penalty"], "documents": [document],
+        "new_documents": 1, "duplicate_documents": 0, "usage": [hop_usage],
+    }  # fmt: skip
+    row = QuestionRow(
+        case_id="t-cb-1",
+        question_id="t-cb-1",
+        set="cross_book",
+        query_type="factual",
+        turn=1,
+        question="What penalty does the second attack of a Flurry suffer?",
+        gold_answer="-4, halved for an Old Soldier",
+        answer="-4.",
+        context_ids=["fighting/flurry"],
+        gold_ids=["fighting/flurry"],
+        trace=[hop],
+        calls=[call.model_dump(mode="json") for call in calls],
+    )
+    with mlflow.start_run(experiment_id=experiment, run_name="with-calls", tags=tags) as logged:
+        mlflow.log_metrics({"questions": 1.0})
+        mlflow.log_table(pd.DataFrame([row.record()]), artifact_file=TABLE)
+    return Store(uri, {"calls": logged.info.run_id})
 
 
 @pytest.fixture

@@ -8,10 +8,11 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from caprag.config import PROJECT_ROOT
+from caprag.steps import ROLES
 from experiments.run import run
 from experiments.tracking import mlflow
 from tests.conftest import FIXTURE_BOOKS
-from tests.dashboard.conftest import Store
+from tests.dashboard.conftest import REPLY, SYSTEM_PROMPT, USER_PROMPT, Store
 
 APP = str(PROJECT_ROOT / "experiments" / "dashboard" / "app.py")
 PAGES = ["pages/runs.py", "pages/compare.py", "pages/trace.py", "pages/ask.py"]
@@ -123,6 +124,8 @@ def test_trace_viewer_shows_hops_answer_and_gold(harness_store: Store, monkeypat
     assert set(gold["passage"]) == {"fighting/flurry", "gifts/old-soldier"}
     link = at.get("link_button")[0]
     assert link.proto.url.endswith(f"/runs/{hop_run}") and "#/experiments/" in link.proto.url
+    assert [e.label.split("(")[0] for e in at.expander] == ["LLM calls "]  # none to open
+    assert "rule: no call sent" in texts(at) and "by gpt" not in texts(at)  # offline: all rule
     at = select_question(at, "t-fu-1-2")  # a follow-up: its rewrite is shown
     assert "Rewritten as:" in texts(at)
 
@@ -147,6 +150,67 @@ def test_ask_page_answers_live_with_the_same_trace(
     assert "fighting" in set(at.table[0].value["book"])
     sources = at.table[-1].value
     assert "section" in sources.columns and sources["section"].str.len().gt(0).all()
+
+
+def test_trace_viewer_shows_the_llm_calls_on_demand(calls_store: Store, monkeypatch) -> None:
+    run_id = calls_store.runs["calls"]
+    at = open_page(PAGES[2], calls_store.uri, monkeypatch, selected_runs=[run_id])
+    at = select_question(at, "t-cb-1")
+    assert not at.exception
+    outer = at.expander[0]
+    assert outer.label == "LLM calls (2)" and not outer.proto.expanded  # collapsed
+    shown = texts(at)
+    assert "**Steps:** analyze by gpt-4o-mini · generate by rule" in shown
+    lines = [m.value for m in outer.markdown if m.value[:3] in ("1. ", "2. ")]
+    assert lines[0].startswith("1. **analyze** · model `gpt-4o-mini` · 412 + 37 tokens")
+    assert "2 attempts" in lines[0] and "dropped 1 query longer than 300 characters" in lines[0]
+    assert lines[1].startswith("2. **generate** · rule: no call sent")
+    inner = at.expander[1]
+    assert inner.label == "1. analyze · gpt-4o-mini: messages and reply"
+    assert [c.value for c in inner.code] == [
+        SYSTEM_PROMPT,
+        USER_PROMPT + "[fighting/flurry] Flurry: two attacks.",
+        REPLY,
+    ]  # verbatim: newlines, *, $ and backticks untouched
+    assert [m.value for m in inner.markdown] == ["**system**", "**user**", "**reply**"]
+    assert len(at.expander) == 2  # the rule call has nothing to open
+    assert at.subheader[0].value == "Hop 1" and "Flurry" in set(at.table[0].value["section"])
+
+
+def test_ask_page_chooses_rule_or_model_per_step(
+    harness_store: Store, monkeypatch, tmp_path
+) -> None:
+    monkeypatch.setenv("CAPRAG_CORPUS", str(FIXTURE_BOOKS))
+    monkeypatch.setenv("CAPRAG_CHROMA_DIR", str(tmp_path / "chroma"))
+    at = open_page(PAGES[3], harness_store.uri, monkeypatch)
+    assert "adaptive" in at.selectbox(key="ask_strategy").options
+    for role in ROLES:
+        box = at.selectbox(key=f"ask_step_{role}")
+        assert box.label == role and box.value == "auto"
+        assert box.options == ["auto", "rule", "llm (needs openai)"]
+    at.selectbox(key="ask_strategy").set_value("adaptive")
+    at.selectbox(key="ask_step_generator").set_value("rule")
+    at.text_area(key="ask_question").set_value(
+        "What penalty does the second attack of a Flurry suffer?"
+    )
+    at.button(key="ask_go").click().run(timeout=180)
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    shown = texts(at)
+    assert "steps chosen: " + " ".join(f"{role}=rule" for role in ROLES) in shown
+    steps = next(m.value for m in at.markdown if m.value.startswith("**Steps:** "))
+    ran = steps.removeprefix("**Steps:** ").split(" · ")
+    assert ran and all(s.endswith(" by rule") for s in ran), steps
+    assert {"classify by rule", "generate by rule"} <= set(ran)  # adaptive classifies first
+    calls = next(e for e in at.expander if e.label.startswith("LLM calls ("))
+    lines = [m.value for m in calls.markdown]
+    assert calls.label == f"LLM calls ({len(lines)})"
+    assert all("rule: no call sent" in line for line in lines) and not at.code
+    at.selectbox(key="ask_step_analyzer").set_value("llm").run()
+    assert not at.exception
+    assert [e.value for e in at.error] == [
+        "ConfigError: CAPRAG_ANALYZER=llm needs a language model: set CAPRAG_LLM=openai"
+    ]
+    assert "choose the openai LLM backend" in texts(at) and at.button(key="ask_go").disabled
 
 
 def test_ask_page_rejects_an_empty_question(harness_store: Store, monkeypatch, tmp_path) -> None:
@@ -193,6 +257,7 @@ def test_older_schema_run_is_flagged_not_crashed(odd_store: Store, monkeypatch) 
     assert f"Run {run_id} has no `caprag.schema` tag" in warnings
     assert "lacks trace, gold_ids" in warnings
     assert "Old question one?" in texts(at) and "No hop trace was recorded" in texts(at)
+    assert "LLM calls: not recorded" in texts(at)  # no `calls` column in an older table
     at = open_page(PAGES[0], odd_store.uri, monkeypatch)
     table = at.dataframe(key="runs_table").value
     assert table.set_index("run_id").loc[run_id, "dataset"] == "?"

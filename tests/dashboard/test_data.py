@@ -163,3 +163,49 @@ def test_trace_from_row_decodes_json_and_tolerates_missing_columns() -> None:
         "passage": "b/x", "book": "b", "page": 3, "section": "X", "score": 0.5,
         "seen": "duplicate", "gold": "★ gold",
     }  # fmt: skip
+
+
+def test_trace_from_row_reads_calls_and_tells_an_older_table_apart() -> None:
+    call = {"step": "generate", "model": "offline", "prompt_tokens": 3, "completion_tokens": 1}
+    assert data.trace_from_row(pd.Series({"calls": json.dumps([call])})).calls == [call]
+    assert data.trace_from_row(pd.Series({"calls": "[]"})).calls == []
+    assert data.trace_from_row(pd.Series({"question": "Q?"})).calls is None  # no such column
+    assert data.trace_from_row(pd.Series({"calls": float("nan")})).calls is None
+    assert data.trace_from_row(pd.Series({"calls": "not json"})).calls is None
+
+
+def test_call_line_says_rule_or_model_with_everything_in_one_line() -> None:
+    rule = {"step": "expand", "model": "offline", "prompt_tokens": 10, "completion_tokens": 2}
+    assert data.call_line(1, rule) == (
+        "1. **expand** · rule: no call sent · 10 + 2 tokens if sent · \\$0.000000 estimated"
+    )
+    model = {
+        "step": "analyze", "model": "gpt-4o-mini", "prompt_tokens": 400, "completion_tokens": 30,
+        "cost_usd": 0.000078, "attempts": 3, "cached": True, "messages": [],
+        "error": "unparseable reply: no *Decision* in\nthe $reply",
+        "notes": ["dropped query_2", "cut to 8 queries"],
+    }  # fmt: skip
+    line = data.call_line(2, model)
+    assert line == (
+        "2. **analyze** · model `gpt-4o-mini` · 400 + 30 tokens · \\$0.000078 · 3 attempts · "
+        "cached (nothing sent this time) · **error:** unparseable reply: no \\*Decision\\* in "
+        "the \\$reply · **notes:** dropped query\\_2; cut to 8 queries"
+    )
+    assert "\n" not in line
+    unrecorded = data.call_line(3, {"step": "rewrite", "model": "m", "messages": None})
+    assert unrecorded.endswith("1 attempt · messages not recorded")
+
+
+def test_steps_ran_names_rule_or_model_in_order() -> None:
+    calls = [
+        {"step": "rewrite", "model": "gpt-4o"},
+        {"step": "analyze", "model": "offline"},
+        {"step": "analyze", "model": "offline"},
+        {"step": "generate", "model": "gpt-4o-mini"},
+    ]
+    assert data.steps_ran(calls) == {
+        "rewrite": "gpt-4o",
+        "analyze": "rule",
+        "generate": "gpt-4o-mini",
+    }
+    assert data.steps_ran([]) == {}

@@ -1,4 +1,5 @@
-"""Ask: answer one question live with a chosen strategy and LLM backend, and show its trace."""
+"""Ask: answer one question live with a chosen strategy, LLM backend and rule or model per step,
+and show its trace with the LLM calls it made."""
 
 from __future__ import annotations
 
@@ -13,9 +14,12 @@ from caprag.config import Settings, load_settings
 from caprag.errors import CapragError
 from caprag.schemas import Document
 from caprag.services import AskResult, Pipeline, build_pipeline
+from caprag.steps import CHOICES, ROLES
+from caprag.strategies import STRATEGIES
 from experiments.dashboard.trace_view import render_trace, trace_from_result
 
-STRATEGIES = ["multi-hop", "multi-question", "single"]
+DEFAULT_STRATEGY = "multi-hop"
+STRATEGY_NAMES = [DEFAULT_STRATEGY, *sorted(set(STRATEGIES) - {DEFAULT_STRATEGY})]
 TIMEOUT_S = 300
 
 
@@ -41,13 +45,41 @@ def ask(built: Pipeline, question: str, thread: str, power: int | None = None) -
     return future.result(timeout=TIMEOUT_S)
 
 
+def step_choices(llm: str) -> dict[str, str]:
+    """Rule, model or auto for each step role, chosen in a compact grid of select boxes."""
+    columns = st.columns(3)
+    chosen = {}
+    for position, role in enumerate(ROLES):
+        chosen[role] = columns[position % 3].selectbox(
+            role,
+            CHOICES,
+            key=f"ask_step_{role}",
+            format_func=lambda c: f"{c} (needs openai)" if c == "llm" and llm != "openai" else c,
+            help=f"step `{ROLES[role]}`: auto = the model when the backend is openai, else the "
+            "rule; rule = deterministic, no call; llm = the model",
+        )
+    return chosen
+
+
 st.title("Ask")
 backends = ["offline", "openai"] if os.environ.get("OPENAI_API_KEY") else ["offline"]
 left, right = st.columns(2)
-strategy = left.selectbox("Strategy", STRATEGIES, key="ask_strategy")
+strategy = left.selectbox("Strategy", STRATEGY_NAMES, key="ask_strategy")
 llm = right.selectbox(
     "LLM backend", backends, key="ask_llm", help="openai is offered when OPENAI_API_KEY is set"
 )
+with st.expander("Steps: rule or model for each"):
+    steps = step_choices(llm)
+settings: Settings | None = None
+try:
+    settings = load_settings(retrieval_strategy=strategy, llm=llm, **steps)
+except CapragError as exc:
+    st.error(f"{type(exc).__name__}: {exc}")
+    if llm != "openai" and "llm" in steps.values():
+        st.caption(
+            "Here: choose the openai LLM backend (offered when OPENAI_API_KEY is set), or auto or "
+            "rule for the step, under Steps."
+        )
 power_choice = st.radio(
     "Power (adaptive strategy only)",
     ["auto", "1", "2", "3"],
@@ -60,15 +92,18 @@ go, fresh = st.columns([1, 5])
 if fresh.button("New conversation", help="Forget earlier turns (follow-ups are rewritten)"):
     st.session_state.pop("ask_thread", None)
     st.session_state.pop("ask_result", None)
-if go.button("Ask", type="primary", key="ask_go"):
+    st.session_state.pop("ask_steps", None)
+if go.button("Ask", type="primary", key="ask_go", disabled=settings is None):
+    assert settings is not None
     thread = st.session_state.setdefault("ask_thread", uuid.uuid4().hex)
     try:
-        settings = load_settings(retrieval_strategy=strategy, llm=llm)
         built, sections = pipeline(settings.model_dump_json(exclude={"openai_api_key"}), settings)
         with st.spinner("Answering…"):
             forced = None if power_choice == "auto" else int(power_choice)
             result = ask(built, question, thread, forced if strategy == "adaptive" else None)
-        st.session_state["ask_result"] = (trace_from_result(result, sections), result)
+        view = trace_from_result(result, sections)
+        st.session_state["ask_result"] = (view, result)
+        st.session_state["ask_steps"] = built.steps.describe()
     except CapragError as exc:
         st.error(f"{type(exc).__name__}: {exc}")
     except TimeoutError:
@@ -81,6 +116,6 @@ else:
     st.caption(
         f"{result.strategy} · {result.hop_count} hop(s) · {result.prompt_tokens} prompt + "
         f"{result.completion_tokens} completion tokens · ${result.cost_usd:.6f} · "
-        f"{result.latency_s:.2f} s"
+        f"{result.latency_s:.2f} s · steps chosen: {st.session_state.get('ask_steps', '?')}"
     )
     render_trace(view)
