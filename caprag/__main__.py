@@ -18,7 +18,8 @@ DEMO_QUESTIONS = (
 
 def render(result: AskResult) -> str:
     """The answer, its sources and what the turn cost, for a terminal."""
-    lines = [result.answer, ""]
+    answer = result.answer if not result.answer_error else f"(no answer: {result.answer_error})"
+    lines = [answer, ""]
     if result.main_question != result.question:
         lines.insert(0, f"(searched as: {result.main_question})")
     lines.append("Sources:")
@@ -44,6 +45,10 @@ def render(result: AskResult) -> str:
             f"  hop {hop.hop}: {len(hop.queries)} query(ies), {hop.new_documents} new, "
             f"{hop.duplicate_documents} duplicate{decision}"
         )
+    for usage in result.usage:
+        if usage.error or usage.notes:
+            said = "; ".join([*([usage.error] if usage.error else []), *usage.notes])
+            lines.append(f"  {usage.step} ({usage.model}): {said}")
     return "\n".join(lines)
 
 

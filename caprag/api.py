@@ -17,7 +17,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field, field_validator
 
 from caprag import web
-from caprag.errors import CapragError, EmptyQuestionError
+from caprag.errors import CapragError, EmptyQuestionError, NoAnswerError
 from caprag.schemas import CallUsage, Source
 from caprag.services import MAX_QUESTION_CHARS, AskResult, Pipeline, build_pipeline
 from caprag.trace import HopTrace
@@ -129,7 +129,10 @@ def create_app(pipeline: Pipeline | None = None) -> FastAPI:
     async def ask(body: AskRequest) -> AskResponse:
         """Answer a question; reuse the returned thread_id for follow-ups."""
         thread = str(body.thread_id) if body.thread_id else None
-        return to_response(await state["pipeline"].ask(body.question, thread, body.power))
+        result = await state["pipeline"].ask(body.question, thread, body.power)
+        if result.answer_error:
+            raise NoAnswerError(f"the model gave no usable answer ({result.answer_error})")
+        return to_response(result)
 
     @app.get("/", response_class=HTMLResponse)
     async def index() -> str:

@@ -49,3 +49,7 @@ class StructuredOutputError(CapragError):
 
 class LLMCallError(CapragError):
     """The LLM endpoint failed (after its retries) for a reason other than parsing."""
+
+
+class NoAnswerError(CapragError):
+    """The generator's reply could not be used, so the turn has no answer."""

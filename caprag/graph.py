@@ -11,6 +11,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 
 from caprag.checkpoint import make_checkpointer
+from caprag.llm.client import StepFailedError
 from caprag.schemas import AnswerWithSources, Source
 from caprag.state import GraphState
 from caprag.steps import Steps
@@ -76,7 +77,16 @@ def build_graph(
         """Answer from the context passages, citing them."""
         start = time.perf_counter()
         history = history_pairs(state.messages[:-1], history_window)
-        result = await steps.generate(state.main_question, state.context, history)
+        try:
+            result = await steps.generate(state.main_question, state.context, history)
+        except StepFailedError as failed:
+            # No answer: the turn keeps what retrieval did and the failed call (the caller
+            # reports it); nothing is added to the conversation, so the question stays open.
+            return {
+                "answer": AnswerWithSources(answer=""),
+                "generate_usage": failed.usage,
+                "timings": {"generate": time.perf_counter() - start},
+            }
         by_id = {doc.passage_id: doc for doc in state.context}
         sources = [
             Source(

@@ -49,6 +49,12 @@ class AskResult(BaseModel):
     latency_s: float
 
     @property
+    def answer_error(self) -> str | None:
+        """Why there is no answer, when the generator's reply could not be used."""
+        failed = [u for u in self.usage if u.step == "generate" and u.error]
+        return f"generate: {failed[-1].error}" if failed else None
+
+    @property
     def hop_count(self) -> int:
         """How many retrieval hops the turn took."""
         return len(self.hops)

@@ -97,10 +97,14 @@ def turn(result: AskResult) -> str:
             if note:
                 adaptive += f'<div class="trace error">{escape(note)}</div>'
 
+    no_answer = ""
+    if result.answer_error:
+        no_answer = f'<div class="trace error">no answer: {escape(result.answer_error)}</div>'
     return (
         '<div class="turn">'
         f'<div class="q">{escape(result.question)}</div>{rewrite}'
         f'<div class="answer">{escape(result.answer)}</div>'
+        f"{no_answer}"
         f'<div class="sources">Sources:<ul>{sources}</ul></div>'
         f'<div class="trace">{result.hop_count} hop(s) · {tokens} tokens · '
         f"${result.cost_usd:.6f} · {result.latency_s:.2f} s · {escape(hops)}</div>"

@@ -127,6 +127,9 @@ def score_retrieval(turn: GoldQuestion, result: AskResult, k: int) -> Scores:
 def score_answer(turn: GoldQuestion, result: AskResult) -> Scores:
     """Exact match and token F1 (best over the gold answer and its aliases) for answerable
     questions; refusal for unanswerable ones."""
+    if result.answer_error:
+        names = ("exact_match", "f1", "false_refusal", "correct_refusal")
+        return {}, {name: result.answer_error for name in names}
     refused = metrics.is_refusal(result.answer)
     if not turn.gold_passages:
         reason = "unanswerable question has no gold answer"

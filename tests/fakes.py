@@ -94,7 +94,7 @@ class OpenAIStub:
     A reply is {"args": {...}} (a tool call to the requested function), {"content": "text"},
     {"fill_schema": "text"} (JSON mode: an object fitting the JSON schema written in the prompt),
     {"status": 500} (an HTTP error) or {"malformed": "text"} (tool-call arguments that are not
-    JSON).
+    JSON); "finish": "length" marks a reply the output cap cut.
     """
 
     def __init__(
@@ -159,7 +159,9 @@ class OpenAIStub:
             "object": "chat.completion",
             "created": 0,
             "model": body.get("model", "stub"),
-            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            "choices": [
+                {"index": 0, "message": message, "finish_reason": reply.get("finish", "stop")}
+            ],
             "usage": usage,
         }
 

@@ -149,7 +149,17 @@ class StructuredClient:
             try:
                 out = await runnable.ainvoke(messages)
             except Exception as exc:
-                raise LLMCallError(f"{step}: the LLM endpoint failed: {exc}") from exc
+                cut = _cut_at_cap(exc)
+                if cut is None:
+                    raise LLMCallError(f"{step}: the LLM endpoint failed: {exc}") from exc
+                # json_schema mode raises on a reply cut by the output cap: an unparseable
+                # reply like any other (its tokens were spent), so it is retried and recorded.
+                out = {
+                    "raw": cut,
+                    "parsed": None,
+                    "parsing_error": "the reply reached the "
+                    "output cap before its JSON was complete",
+                }
             assert isinstance(out, dict)
             spent.append(self._usage(step, prompt, messages, out.get("raw"), t0))
             parsed = out.get("parsed")
@@ -189,6 +199,26 @@ def _merged(spent: list[CallUsage]) -> CallUsage:
             "latency_s": sum(u.latency_s for u in spent),
             "attempts": len(spent),
         }
+    )
+
+
+def _cut_at_cap(exc: Exception) -> AIMessage | None:
+    """The reply of a completion the endpoint stopped at the output cap (the openai SDK's
+    LengthFinishReasonError), as a message with its usage; None for any other error."""
+    completion = getattr(exc, "completion", None)
+    if type(exc).__name__ != "LengthFinishReasonError" or completion is None:
+        return None
+    usage = getattr(completion, "usage", None)
+    content = completion.choices[0].message.content if completion.choices else ""
+    return AIMessage(
+        content=content or "",
+        usage_metadata={
+            "input_tokens": int(getattr(usage, "prompt_tokens", 0) or 0),
+            "output_tokens": int(getattr(usage, "completion_tokens", 0) or 0),
+            "total_tokens": int(getattr(usage, "total_tokens", 0) or 0),
+        }
+        if usage is not None
+        else None,
     )
 
 

@@ -81,6 +81,57 @@ async def test_analysis_breaking_the_schema_stops_the_hops_and_is_recorded() -> 
     assert result.usage.error and "unparseable reply" in result.usage.error
 
 
+async def test_a_json_schema_reply_cut_at_the_cap_is_retried_then_recorded() -> None:
+    cut = {"content": '{"sufficient": false, "new_queries": ["Old', "finish": "length"}
+    cut["usage"] = {"prompt_tokens": 50, "completion_tokens": 16}
+    ok = {"content": '{"sufficient": true, "new_queries": [], "reasoning": "done"}'}
+    with OpenAIStub([cut, ok]) as stub:
+        steps = llm_for(stub, structured_method="json_schema", max_output_tokens=16)
+        result = await steps.analyze("q", [DOC], ["q"])
+    assert stub.requests[0]["response_format"]["type"] == "json_schema"
+    assert result.value.sufficient and result.usage is not None
+    assert result.usage.attempts == 2 and result.usage.prompt_tokens == 50 + 42
+    with OpenAIStub(default=cut) as stub:
+        steps = llm_for(stub, structured_method="json_schema", parse_attempts=2)
+        failed = await steps.analyze("q", [DOC], ["q"])
+    assert failed.usage is not None and failed.usage.error is not None
+    assert "output cap before its JSON was complete" in failed.usage.error
+    assert failed.usage.completion_tokens == 2 * 16 and failed.usage.reply == cut["content"]
+
+
+async def test_a_turn_whose_answer_is_unusable_keeps_its_retrieval(
+    fixture_index: PassageIndex,
+) -> None:
+    replies = [{"args": {"sufficient": True, "new_queries": []}}]
+    with OpenAIStub(replies, default={"malformed": "{not json"}) as stub:
+        steps = llm_for(stub, parse_attempts=2)
+        result = await Pipeline(MultiHopStrategy(fixture_index, steps, k=2), steps).ask(
+            "What penalty does the second attack of a Flurry suffer?"
+        )
+    assert result.answer == "" and result.context and result.hop_count == 1
+    assert result.answer_error == "generate: unparseable reply: no GeneratedAnswer in the reply"
+    [generate] = [u for u in result.usage if u.step == "generate"]
+    assert generate.attempts == 2 and generate.messages and generate.reply == "{not json"
+
+
+def test_the_api_says_why_a_turn_has_no_answer(fixture_index: PassageIndex) -> None:
+    from fastapi.testclient import TestClient
+
+    from caprag.api import create_app
+
+    replies = [{"args": {"sufficient": True, "new_queries": []}}]
+    with OpenAIStub(replies, default={"malformed": "{not json"}) as stub:
+        steps = llm_for(stub, parse_attempts=1)
+        app = create_app(Pipeline(MultiHopStrategy(fixture_index, steps, k=2), steps))
+        with TestClient(app) as client:
+            response = client.post("/api/ask", json={"question": "What does a torch cost?"})
+    assert response.status_code == 502
+    assert response.json() == {
+        "error": "the model gave no usable answer (generate: unparseable reply: no "
+        "GeneratedAnswer in the reply)"
+    }
+
+
 async def test_too_many_new_queries_are_cut_to_the_cap_and_noted() -> None:
     queries = [f"Rule {n} (Gifts, p. {n})" for n in range(1, 7)]
     with OpenAIStub([{"args": {"sufficient": False, "new_queries": queries}}]) as stub:
