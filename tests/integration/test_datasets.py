@@ -90,3 +90,17 @@ def test_duplicate_ids_and_unknown_passages_are_found(broken_copy: Path) -> None
     last = len(lines)
     assert any(p.startswith(f"{path}:{last - 1}: id ") and "repeats" in p for p in problems)
     assert any(p.startswith(f"{path}:{last}: gold passage 'core/x") for p in problems)
+
+
+def test_limit_per_set_takes_a_number_or_one_per_set() -> None:
+    from experiments.data import load_dataset
+
+    sets = ["single_book", "follow_up", "unanswerable"]
+    each = load_dataset("all", sets, limit_per_set=2)
+    assert [c.set for c in each.cases] == ["single_book"] * 2 + ["follow_up"] * 2 + [
+        "unanswerable"
+    ] * 2
+    mixed = load_dataset("all", sets, limit_per_set={"single_book": 3, "follow_up": 1})
+    counts = {s: sum(c.set == s for c in mixed.cases) for s in sets}
+    everything = load_dataset("all", ["unanswerable"])
+    assert counts == {"single_book": 3, "follow_up": 1, "unanswerable": len(everything.cases)}
