@@ -18,10 +18,21 @@ from pydantic import BaseModel, PrivateAttr
 
 from caprag.errors import StructuredOutputError
 from caprag.llm import StructuredClient, build_openai_client
+from caprag.schemas import Document
 from caprag.steps import Steps, build_steps, rule_steps
 from caprag.steps.analyze import RuleAnalyzer
 from caprag.steps.generate import RuleGenerator
 from experiments.openai_stub import fill_schema, send_json
+
+FLURRY = Document(
+    passage_id="fighting/flurry",
+    book_id="fighting",
+    book_short="Fighting",
+    section="Flurry",
+    page=4,
+    text="Second attack at -4, modified by Old Soldier (Gifts, p. 7).",
+)
+"""A passage with an unresolved cross-reference, for step and prompt tests."""
 
 
 class ScriptedChatModel(BaseChatModel):

@@ -11,20 +11,11 @@ import pytest
 from caprag.config import load_settings
 from caprag.errors import MissingAPIKeyError, StructuredOutputError
 from caprag.llm import StepFailedError, build_openai_client
-from caprag.schemas import Document
 from caprag.services import Pipeline, build_pipeline
 from caprag.store import PassageIndex
 from caprag.strategies import MultiHopStrategy
+from tests.fakes import FLURRY as DOC
 from tests.fakes import OpenAIStub, openai_steps
-
-DOC = Document(
-    passage_id="fighting/flurry",
-    book_id="fighting",
-    book_short="Fighting",
-    section="Flurry",
-    page=4,
-    text="Second attack at -4, modified by Old Soldier (Gifts, p. 7).",
-)
 
 
 def llm_for(stub: OpenAIStub, **kwargs: object):  # type: ignore[no-untyped-def]

@@ -7,20 +7,11 @@ import re
 import pytest
 
 from caprag.llm.prompt import Prompt, PromptError
-from caprag.schemas import Document
 from caprag.steps import ALL_PROMPTS, analyze, generate, prompt_versions
+from tests.fakes import FLURRY
 
 PLACEHOLDER = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")
-DOCS = [
-    Document(
-        passage_id="fighting/flurry",
-        book_id="fighting",
-        book_short="Fighting",
-        section="Flurry",
-        page=4,
-        text="Second attack at -4, modified by Old Soldier (Gifts, p. 7).",
-    )
-]
+DOCS = [FLURRY]
 
 
 @pytest.mark.parametrize("prompt", ALL_PROMPTS, ids=lambda p: p.name)
