@@ -21,7 +21,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -282,11 +282,20 @@ def report(
     )
     parts = [*head, table, "", "## Per step", "", steps, ""]
     parts += [
-        "An unusable reply is one that did not parse after its retries: the step fell back as "
-        "its module says (expand: no sub-questions; analyze: stop; classify: strategic; assess: "
-        "confidence 0; generate: the question fails) and the call keeps its error.",
+        "An unusable reply is one that did not parse (most often: the model was still writing "
+        "when the output cap cut its JSON). The step fell back as its module says (expand: no "
+        "sub-questions; analyze: stop; classify: strategic; assess: confidence 0; generate: no "
+        "answer, so the answer metrics of that question are missing with the reason, while its "
+        "retrieval is scored) and the call keeps its error and raw reply.",
         "",
     ]
+    failures = [
+        f"- {item.strategy}: {count} × {error}"
+        for item in checked
+        for error, count in Counter(r.error for r in item.result.rows if r.status != "ok").items()
+    ]
+    if failures:
+        parts += ["Questions that failed as a whole:", "", *failures, ""]
     if judge is not None:
         judged = judge.result
         parts += [
@@ -296,7 +305,18 @@ def report(
             f"{settings.judge_cap}): faithfulness {mean(judged, 'judge_faithfulness')}, answer "
             f"relevancy {mean(judged, 'judge_answer_relevancy')}, context precision "
             f"{mean(judged, 'judge_context_precision')}. A missing score is one the judge's "
-            "reply could not give (reason kept in the row), never a 0.",
+            "reply could not give (reason kept in the row), never a 0. Reasons:",
+            "",
+            *(
+                f"- {name}: {count} × {reason[:300]}"
+                for name in (
+                    "judge_faithfulness",
+                    "judge_answer_relevancy",
+                    "judge_context_precision",
+                )
+                if name in judged.aggregates
+                for reason, count in judged.aggregates[name].missing_reasons.items()
+            ),
             "",
         ]
     parts += ["## Checks", ""]
