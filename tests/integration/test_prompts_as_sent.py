@@ -106,3 +106,36 @@ def test_an_llm_step_without_a_model_is_refused(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("CAPRAG_CLASSIFIER", "neural")
     with pytest.raises(ConfigError, match="CAPRAG_CLASSIFIER='neural'"):
         load_settings()
+
+
+@pytest.mark.slow
+def test_a_harness_run_keeps_every_call_as_sent_in_table_and_trace(
+    tmp_path: Path, stub: StubServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import mlflow
+
+    from experiments.run import run
+    from tests.integration.test_harness import make_cfg
+
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    monkeypatch.setenv("OPENAI_BASE_URL", stub.base_url)
+    cfg = make_cfg(
+        tmp_path,
+        "llm=openai",
+        "dataset=single_book",
+        "strategy=multi-hop",
+        "experiment.ragas=false",
+    )
+    result = run(cfg)
+    sent = [
+        [{"role": m["role"], "content": m["content"]} for m in b["messages"]] for b in stub.bodies
+    ]
+    calls = [call for row in result.rows for call in row.calls]
+    assert len(calls) == len(sent) > 0
+    assert sorted(map(str, (c["messages"] for c in calls))) == sorted(map(str, sent))
+    assert all(c["reply"] is not None and c["counted"] == "reported" for c in calls)
+    traces = mlflow.search_traces(run_id=result.run_id, return_type="list")
+    spans = [s for t in traces for s in t.data.spans if s.name.startswith("llm ")]
+    assert sorted(map(str, (s.inputs["messages"] for s in spans))) == sorted(map(str, sent))
+    assert {s.name for s in spans} == {"llm analyze", "llm generate"}
+    assert all(s.outputs["reply"] for s in spans)
