@@ -58,8 +58,9 @@ class InstantStep:
         self.step = step
         self.reply = reply
 
-    async def __call__(self, question: str, *args: Any) -> StepResult[Any]:
-        return StepResult(self.reply(question, *args), CallUsage(step=self.step, model=self.model))
+    async def __call__(self, *args: Any, **kwargs: Any) -> StepResult[Any]:
+        value = self.reply(*args, **kwargs)
+        return StepResult(value, CallUsage(step=self.step, model=self.model))
 
 
 def _first_passage(question: str, documents: Sequence[Document], *_history: Any) -> Any:

@@ -7,19 +7,20 @@ baseline; all LLM is a real model doing every step.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from caprag.errors import ConfigError
 from caprag.llm.client import StructuredClient
-from caprag.llm.prompt import Prompt
-from caprag.steps.analyze import ANALYZE, LLMAnalyzer, RuleAnalyzer
-from caprag.steps.assess import ASSESS, LLMAssessor, RuleAssessor
+from caprag.llm.prompt import History, Prompt
+from caprag.schemas import Document
+from caprag.steps.analyze import ANALYZE, LLMAnalyzer, RuleAnalyzer, SufficiencyDecision
+from caprag.steps.assess import ASSESS, ConfidenceAssessment, LLMAssessor, RuleAssessor
 from caprag.steps.base import KINDS, StepResult
-from caprag.steps.classify import CLASSIFY, LLMClassifier, RuleClassifier
+from caprag.steps.classify import CLASSIFY, LLMClassifier, QueryClass, RuleClassifier
 from caprag.steps.expand import EXPAND, LLMExpander, RuleExpander
-from caprag.steps.generate import GENERATE, LLMGenerator, RuleGenerator
+from caprag.steps.generate import GENERATE, GeneratedAnswer, LLMGenerator, RuleGenerator
 from caprag.steps.rewrite import REWRITE, LLMRewriter, RuleRewriter
 
 ALL_PROMPTS: tuple[Prompt, ...] = (EXPAND, ANALYZE, GENERATE, REWRITE, CLASSIFY, ASSESS)
@@ -38,16 +39,60 @@ CHOICES = ("auto", *KINDS)
 """auto: the LLM when there is a client, else the rule."""
 
 
+class Step(Protocol):
+    """What every implementation says of itself."""
+
+    @property
+    def kind(self) -> str:
+        """rule or llm."""
+        ...
+
+    @property
+    def model(self) -> str:
+        """The model that answers ('offline' for a rule)."""
+        ...
+
+
+class Expander(Step, Protocol):
+    async def __call__(self, question: str, n: int) -> StepResult[list[str]]: ...
+
+
+class Analyzer(Step, Protocol):
+    async def __call__(
+        self, question: str, documents: Sequence[Document], searched: Sequence[str]
+    ) -> StepResult[SufficiencyDecision]: ...
+
+
+class Generator(Step, Protocol):
+    async def __call__(
+        self, question: str, documents: Sequence[Document], history: History = ()
+    ) -> StepResult[GeneratedAnswer]: ...
+
+
+class Rewriter(Step, Protocol):
+    async def __call__(self, question: str, history: History) -> StepResult[str]: ...
+
+
+class Classifier(Step, Protocol):
+    async def __call__(self, question: str) -> StepResult[QueryClass]: ...
+
+
+class Assessor(Step, Protocol):
+    async def __call__(
+        self, question: str, documents: Sequence[Document]
+    ) -> StepResult[ConfidenceAssessment]: ...
+
+
 @dataclass(frozen=True)
 class Steps:
     """One implementation of each step; call them as `await steps.analyze(...)`."""
 
-    expand: Any
-    analyze: Any
-    generate: Any
-    rewrite: Any
-    classify: Any
-    assess: Any
+    expand: Expander
+    analyze: Analyzer
+    generate: Generator
+    rewrite: Rewriter
+    classify: Classifier
+    assess: Assessor
 
     def kinds(self) -> dict[str, str]:
         """Step → rule or llm."""
