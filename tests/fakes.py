@@ -14,6 +14,7 @@ from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import BaseModel, PrivateAttr
 
 from caprag.errors import StructuredOutputError
@@ -55,8 +56,7 @@ class ScriptedChatModel(BaseChatModel):
         return self._calls
 
     def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> ScriptedChatModel:  # type: ignore[override]
-        tool = tools[0]
-        self._tool_name = tool.__name__ if isinstance(tool, type) else tool["function"]["name"]
+        self._tool_name = convert_to_openai_tool(tools[0])["function"]["name"]
         return self
 
     def _pick(self, prompt: str) -> Any:

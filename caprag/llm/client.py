@@ -92,11 +92,11 @@ class StructuredClient:
             )
 
     def _runnable(self, schema: type[BaseModel]) -> Any:
-        """The structured-output runnable of a schema, built once (building it costs more CPU
-        than the rest of a call's client work)."""
+        """The structured-output runnable of a schema's JSON schema (parsed as JSON, validated by
+        `structured`), built once: building it costs more CPU than the rest of a call's work."""
         if schema not in self._runnables:
             self._runnables[schema] = self.chat.with_structured_output(
-                schema, method=self.structured_method, include_raw=True
+                _json_schema(schema), method=self.structured_method, include_raw=True
             )
         return self._runnables[schema]
 
@@ -154,20 +154,25 @@ class StructuredClient:
                     raise LLMCallError(f"{step}: the LLM endpoint failed: {exc}") from exc
                 # json_schema mode raises on a reply cut by the output cap: an unparseable
                 # reply like any other (its tokens were spent), so it is retried and recorded.
-                out = {
-                    "raw": cut,
-                    "parsed": None,
-                    "parsing_error": "the reply reached the "
-                    "output cap before its JSON was complete",
-                }
+                out = {"raw": cut, "parsed": None, "parsing_error": CUT_AT_CAP}
             assert isinstance(out, dict)
-            spent.append(self._usage(step, prompt, messages, out.get("raw"), t0))
-            parsed = out.get("parsed")
-            if isinstance(parsed, schema):
-                total = _merged(spent)
-                self._store(key, parsed.model_dump(mode="json"), total)
-                return parsed, total
-            detail = str(out.get("parsing_error") or f"no {schema.__name__} in the reply")
+            raw = out.get("raw")
+            spent.append(self._usage(step, prompt, messages, raw, t0))
+            # The runnable parses JSON only; the schema is checked here, so a reply that breaks
+            # it (a confidence of -1) is an unparseable reply with its raw text and usage, not
+            # an exception from inside the client.
+            try:
+                if out.get("parsing_error") is not None or not isinstance(out.get("parsed"), dict):
+                    raise ValueError(
+                        out.get("parsing_error") or f"no {schema.__name__} in the reply"
+                    )
+                value = schema.model_validate(out["parsed"])
+            except ValueError as exc:  # pydantic's ValidationError is a ValueError
+                detail = _why(exc, raw)
+                continue
+            total = _merged(spent)
+            self._store(key, value.model_dump(mode="json"), total)
+            return value, total
         failed = _merged(spent).model_copy(update={"error": f"unparseable reply: {detail}"})
         raise StepFailedError(schema.__name__, detail, self.parse_attempts, failed)
 
@@ -202,6 +207,9 @@ def _merged(spent: list[CallUsage]) -> CallUsage:
     )
 
 
+CUT_AT_CAP = "the reply reached the output cap before its JSON was complete"
+
+
 def _cut_at_cap(exc: Exception) -> AIMessage | None:
     """The reply of a completion the endpoint stopped at the output cap (the openai SDK's
     LengthFinishReasonError), as a message with its usage; None for any other error."""
@@ -219,7 +227,16 @@ def _cut_at_cap(exc: Exception) -> AIMessage | None:
         }
         if usage is not None
         else None,
+        response_metadata={"finish_reason": "length"},
     )
+
+
+def _why(exc: Exception, raw: Any) -> str:
+    """Why a reply was unusable, in one line: cut at the output cap, or the parser's words."""
+    metadata = getattr(raw, "response_metadata", None) or {}
+    if metadata.get("finish_reason") == "length":
+        return CUT_AT_CAP
+    return " ".join(str(exc).split())[:500]
 
 
 @functools.cache

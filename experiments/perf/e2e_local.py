@@ -40,7 +40,13 @@ REPORT = PROJECT_ROOT / "reports" / "local-llm.md"
 STRATEGIES: dict[str, list[str]] = {
     "multi-hop": ["strategy=multi-hop"],
     "multi-question": ["strategy=multi-question"],
-    "adaptive": ["strategy=adaptive", "classifier=llm", "confidence=llm"],
+    # Depth 3 gathers up to 10,000 tokens of passages by default: more than the server's context.
+    "adaptive": [
+        "strategy=adaptive",
+        "classifier=llm",
+        "confidence=llm",
+        "strategy.max_context_tokens=2000",
+    ],
 }
 STEPS = ("rewrite", "expand", "analyze", "classify", "assess", "generate")
 
@@ -87,6 +93,10 @@ def compose_cfg(folder: Path, *overrides: str) -> Any:
                 "experiment.progress=false",
                 "experiment.resume=never",
                 "experiment.cache=false",
+                # The server answers one request at a time: questions in flight would only queue
+                # there and time each other out.
+                "experiment.concurrency=1",
+                "experiment.question_timeout_s=900",
                 *overrides,
             ],
         )

@@ -90,6 +90,19 @@ async def test_a_json_schema_reply_cut_at_the_cap_is_retried_then_recorded() -> 
     assert failed.usage.completion_tokens == 2 * 16 and failed.usage.reply == cut["content"]
 
 
+async def test_a_json_schema_reply_breaking_the_schema_is_recorded_not_raised() -> None:
+    """Seen with SmolLM2 on llama.cpp: a confidence of -1 once failed the whole question."""
+    bad = {"content": '{"confidence": -1.0, "reasoning": "", "missing_info": []}'}
+    with OpenAIStub(default=bad) as stub:
+        steps = llm_for(stub, structured_method="json_schema", parse_attempts=2)
+        result = await steps.assess("q", [DOC])
+    assert len(stub.requests) == 2
+    assert result.value.confidence == 0.0  # the documented fallback: deepen
+    assert result.usage is not None and result.usage.error is not None
+    assert "greater than or equal to 0" in result.usage.error
+    assert result.usage.reply == bad["content"] and result.usage.counted == "reported"
+
+
 async def test_a_turn_whose_answer_is_unusable_keeps_its_retrieval(
     fixture_index: PassageIndex,
 ) -> None:
