@@ -300,7 +300,7 @@ def report(
         "",
     ]
     failures = [
-        f"- {item.strategy}: {count} × {error}"
+        f"- {item.strategy}: {count} × {' '.join(error.split())[:300]}"
         for item in checked
         for error, count in Counter(r.error for r in item.result.rows if r.status != "ok").items()
     ]
@@ -318,7 +318,7 @@ def report(
             "reply could not give (reason kept in the row), never a 0. Reasons:",
             "",
             *(
-                f"- {name}: {count} × {reason[:300]}"
+                f"- {name}: {count} × {' '.join(reason.split())[:300]}"
                 for name in (
                     "judge_faithfulness",
                     "judge_answer_relevancy",
