@@ -8,7 +8,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import ClassVar, Protocol
 
-from caprag.schemas import Document, Question, RetrievedRef
+from caprag.schemas import CallUsage, Document, Question, RetrievedRef
 from caprag.state import GraphState
 from caprag.steps import Steps
 
@@ -82,6 +82,14 @@ class RetrievalStrategy(ABC):
         """The most LLM calls one `execute` can make, by step (a cost dry run's worst case);
         None when the strategy has no bound (a strategy that does not say)."""
         return None
+
+    async def expanded(self, question: str, n: int) -> tuple[list[str], list[CallUsage]]:
+        """The question and its expansion (the `expand` step, at most n sub-questions, the
+        question itself not repeated), and the call that made it."""
+        expansion = await self.steps.expand(question, n)
+        asked = question.strip().lower()
+        queries = [question, *(q for q in expansion.value if q.strip().lower() != asked)]
+        return queries, [u for u in (expansion.usage,) if u]
 
     async def search_many(self, queries: Sequence[str], k: int | None = None) -> list[Question]:
         """Run the queries concurrently (k each, default self.k); one Question per query."""

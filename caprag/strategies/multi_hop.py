@@ -54,10 +54,7 @@ class MultiHopStrategy(RetrievalStrategy):
         queries = [state.main_question]
         usage: list[CallUsage] = []
         if self.expand_first_hop:
-            expansion = await self.steps.expand(state.main_question, self.n_subquestions)
-            usage += [u for u in (expansion.usage,) if u]
-            original = state.main_question.strip().lower()
-            queries += [q for q in expansion.value if q.strip().lower() != original]
+            queries, usage = await self.expanded(state.main_question, self.n_subquestions)
         searched: list[str] = []
         for number in range(1, self.max_hops + 1):
             start = time.perf_counter()

@@ -29,9 +29,7 @@ class MultiQuestionStrategy(RetrievalStrategy):
     async def execute(self, state: GraphState) -> GraphState:
         """1. Expand. 2. Search original + sub-questions concurrently. 3. Fuse and cut to k."""
         start = time.perf_counter()
-        expansion = await self.steps.expand(state.main_question, self.n_subquestions)
-        queries = [state.main_question]
-        queries += [q for q in expansion.value if q.strip().lower() != state.main_question.lower()]
+        queries, usage = await self.expanded(state.main_question, self.n_subquestions)
         questions = await self.search_many(queries)
         pool = DocumentPool()
         refs = [ref for question in questions for ref in pool.add(question.context)]
@@ -41,7 +39,7 @@ class MultiQuestionStrategy(RetrievalStrategy):
             documents=refs,
             new_documents=sum(r.new for r in refs),
             duplicate_documents=sum(not r.new for r in refs),
-            usage=[u for u in (expansion.usage,) if u],
+            usage=usage,
             latency_s=elapsed(start),
         )
         return dataclasses.replace(state, questions=questions, context=pool.top(self.k), hops=[hop])
