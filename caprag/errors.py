@@ -53,3 +53,11 @@ class LLMCallError(CapragError):
 
 class NoAnswerError(CapragError):
     """The generator's reply could not be used, so the turn has no answer."""
+
+
+class LLMTimeoutError(LLMCallError):
+    """An LLM call did not finish within its time limit (the API answers 504)."""
+
+
+class ThreadBusyError(CapragError):
+    """Another turn of the same conversation is still being answered (the API answers 409)."""
