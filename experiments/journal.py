@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from caprag.errors import CapragError
+from caprag.secrets import redact_config
 from experiments.evaluate import QuestionRow
 
 VOLATILE = (
@@ -41,7 +42,7 @@ class JournalBusyError(CapragError):
 
 def config_hash(config: Mapping[str, Any], dataset_hash: str) -> str:
     """sha256 (16 hex) of the resolved config minus VOLATILE keys, plus the questions' hash."""
-    kept = _without(dict(config), VOLATILE)
+    kept = redact_config(_without(dict(config), VOLATILE), scan_text=False)
     blob = json.dumps({"config": kept, "dataset": dataset_hash}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from caprag.errors import MissingAPIKeyError
+from caprag.llm.openai import DEFAULT_KEY_VARIABLE, resolve_api_key
+from caprag.secrets import redact
 from experiments.ragas_metrics import Scores, _import_ragas
 
 
@@ -22,16 +23,14 @@ class RagasJudge:
     def __init__(
         self,
         model: str,
-        api_key: str | None,
         base_url: str | None,
+        api_key: str | None = None,
+        api_key_env: str | None = DEFAULT_KEY_VARIABLE,
         embedding: str = "minilm",
         max_output_tokens: int | None = 1024,
     ) -> None:
-        if not api_key:
-            raise MissingAPIKeyError(
-                "judge=openai needs an API key: set OPENAI_API_KEY (and OPENAI_BASE_URL for a "
-                "non-OpenAI endpoint); use judge=none for offline runs"
-            )
+        """The key is `api_key` when code passes one, else the variable named by `api_key_env`."""
+        key = resolve_api_key(api_key, api_key_env, "judge=openai (use judge=none offline)")
         from openai import AsyncOpenAI
 
         _import_ragas()
@@ -39,7 +38,7 @@ class RagasJudge:
         from ragas.metrics.collections import AnswerRelevancy, ContextPrecision, Faithfulness
 
         self.model = model
-        client = AsyncOpenAI(api_key=api_key, base_url=base_url)
+        client = AsyncOpenAI(api_key=key, base_url=base_url)
         # An output cap every server honours (a small local model may otherwise never stop).
         caps: dict[str, Any] = {"max_tokens": max_output_tokens} if max_output_tokens else {}
         llm = llm_factory(model, client=client, **caps)
@@ -84,7 +83,7 @@ class RagasJudge:
                 result = await metric.ascore(**kwargs)
                 values[name] = float(result.value)
             except Exception as exc:  # recorded as missing with its reason
-                missing[name] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                missing[name] = redact(f"{type(exc).__name__}: {str(exc)[:200]}")
         return {k: v for k, v in values.items() if v is not None}, missing
 
 

@@ -17,6 +17,7 @@ A 135M model answers badly: the point is the protocol and the bookkeeping, not t
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -37,6 +38,8 @@ from experiments.tables import markdown_table
 
 CONF = PROJECT_ROOT / "conf"
 REPORT = PROJECT_ROOT / "reports" / "local-llm.md"
+LOCAL_KEY_VARIABLE = "CAPRAG_LOCAL_LLM_API_KEY"
+"""The local server ignores the key; its own variable keeps a real OPENAI_API_KEY away from it."""
 STRATEGIES: dict[str, list[str]] = {
     "multi-hop": ["strategy=multi-hop"],
     "multi-question": ["strategy=multi-question"],
@@ -108,7 +111,7 @@ def model_overrides(server: LocalServer, settings: Settings) -> list[str]:
         "llm=openai",
         f"llm.client.model={server.model}",
         f"llm.client.base_url={server.base_url}",
-        "llm.client.api_key=local",
+        f"llm.client.api_key_env={LOCAL_KEY_VARIABLE}",
         f"llm.client.max_output_tokens={settings.cap}",
         f"llm.client.parse_attempts={settings.parse_attempts}",
         f"llm.client.structured_method={settings.structured_method}",
@@ -353,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-report", action="store_true", help="check only, keep the report")
     args = parser.parse_args(argv)
     settings = Settings(cases=args.cases, cap=args.cap)
+    os.environ.setdefault(LOCAL_KEY_VARIABLE, "local")
     ensure_installed()
     start = time.monotonic()
     common = [
@@ -389,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
                 "judge=openai",
                 f"judge.model={server.model}",
                 f"judge.base_url={server.base_url}",
-                "judge.api_key=local",
+                f"judge.api_key_env={LOCAL_KEY_VARIABLE}",
                 f"judge.max_output_tokens={settings.judge_cap}",
                 *model_overrides(server, settings),
             )
