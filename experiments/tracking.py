@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from caprag.config import PROJECT_ROOT
+from caprag.secrets import redact_config, redact_records
 from caprag.telemetry import disable_telemetry
 
 disable_telemetry()
@@ -167,6 +168,7 @@ def unfinished_runs(experiment_id: str, config_hash: str) -> list[str]:
 
 def log_config(config: Mapping[str, Any]) -> None:
     """Every resolved config value as a param; the whole config as an artifact."""
+    config = redact_config(config)
     flat = flatten(config)
     items = list(flat.items())
     for start_at in range(0, len(items), 100):
@@ -188,7 +190,7 @@ def log_results(
         hop_agg = aggregates.get(f"recall_hop{hop}")
         if hop_agg is not None and hop_agg.mean is not None:
             mlflow.log_metric("recall_cumulative", hop_agg.mean, step=hop)
-    records = [row.record() for row in rows]
+    records = redact_records([row.record() for row in rows])
     if records:
         mlflow.log_table(_frame(records), artifact_file=TABLE)
     mlflow.log_dict(
@@ -295,12 +297,36 @@ def _split_calls(
     return rewrite, hops, generate
 
 
+CASE_TAG = "caprag.case"
+"""Trace tag naming the case (repeat:question id) a trace belongs to."""
+
+
+def traced_cases(run_id: str, experiment_id: str) -> set[str]:
+    """Cases of a run that already have a trace (a process killed while logging left some)."""
+    found = mlflow.search_traces(
+        locations=[experiment_id], run_id=run_id, include_spans=False, return_type="list"
+    )
+    return {str(t.info.tags[CASE_TAG]) for t in found if CASE_TAG in t.info.tags}
+
+
 def log_traces(rows: Sequence[QuestionRow], start_ns: int) -> int:
     """One MLflow trace per question: a span per node, under retrieve a span per hop, and under
-    those a span per LLM call with its messages as sent and its reply."""
+    those a span per LLM call with its messages as sent and its reply.
+
+    Each trace is tagged with its case; cases the active run already traced are skipped, so a
+    run resumed after its process was killed while logging traces has one trace per question.
+    Returns the traces the run has for these rows."""
+    active = mlflow.active_run()
+    done = (
+        traced_cases(active.info.run_id, active.info.experiment_id) if active is not None else set()
+    )
     count = 0
     for row in rows:
         if row.status != "ok":
+            continue
+        case = f"{row.repeat}:{row.question_id}"
+        if case in done:
+            count += 1
             continue
         t = start_ns
         rewrite_calls, hop_calls, generate_calls = _split_calls(row)
@@ -309,6 +335,12 @@ def log_traces(rows: Sequence[QuestionRow], start_ns: int) -> int:
             span_type="CHAIN",
             inputs={"question": row.question},
             attributes={"set": row.set, "query_type": row.query_type},
+            tags={
+                CASE_TAG: case,
+                "caprag.question_id": row.question_id,
+                "caprag.set": row.set,
+                "caprag.query_type": row.query_type or "",
+            },
             start_time_ns=t,
         )
         t = _span(

@@ -23,7 +23,8 @@ from caprag.schemas import Document
 from caprag.steps import Steps, build_steps, rule_steps
 from caprag.steps.analyze import RuleAnalyzer
 from caprag.steps.generate import RuleGenerator
-from experiments.openai_stub import fill_schema, send_json
+from experiments.openai_stub import answer as stub_answer
+from experiments.openai_stub import fill, fill_schema, send_json
 
 FLURRY = Document(
     passage_id="fighting/flurry",
@@ -104,8 +105,13 @@ class OpenAIStub:
 
     A reply is {"args": {...}} (a tool call to the requested function), {"content": "text"},
     {"fill_schema": "text"} (JSON mode: an object fitting the JSON schema written in the prompt),
-    {"status": 500} (an HTTP error) or {"malformed": "text"} (tool-call arguments that are not
-    JSON); "finish": "length" marks a reply the output cap cut.
+    {"fill_tool": "text"} (a tool call whose arguments fit the requested function's schema),
+    {"auto": True} (experiments.openai_stub's reply to whatever the request asks for),
+    {"status": 500} (an HTTP error), {"status": 401, "echo_key": True} (an error whose message
+    repeats the request's bearer key, as some providers do), {"malformed": "text"} (tool-call
+    arguments that are not JSON), {"empty_choices": True} (a completion with `choices: []`),
+    {"cut_body": reply} (that reply's HTTP body cut in half) or {"hang": True} (no answer until
+    the stub stops); "finish": "length" marks a reply the output cap cut.
     """
 
     def __init__(
@@ -114,6 +120,7 @@ class OpenAIStub:
         self.replies = list(replies)
         self.default = default
         self.requests: list[dict[str, Any]] = []
+        self.stopped = threading.Event()
         self._lock = threading.Lock()
         stub = self
 
@@ -127,7 +134,22 @@ class OpenAIStub:
                 with stub._lock:
                     stub.requests.append(body)
                     reply = stub.replies.pop(0) if stub.replies else stub.default
+                if reply is not None and reply.get("hang"):
+                    stub.stopped.wait(60)
+                    return
+                if reply is not None and "cut_body" in reply:
+                    # The HTTP body itself cut short (a proxy or server dying mid-reply).
+                    whole = json.dumps(stub._answer(body, reply["cut_body"])[1]).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(whole) // 2))
+                    self.end_headers()
+                    self.wfile.write(whole[: len(whole) // 2])
+                    return
                 status, payload = stub._answer(body, reply)
+                if reply is not None and reply.get("echo_key"):
+                    said = f"Incorrect API key provided: {self.headers.get('authorization', '')}"
+                    payload = {"error": {"message": said, "type": "invalid_request_error"}}
                 send_json(self, status, payload)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -147,6 +169,10 @@ class OpenAIStub:
             return int(reply["status"]), {
                 "error": {"message": "scripted failure", "type": "server_error"}
             }
+        if reply.get("auto"):
+            return 200, stub_answer(body)
+        if reply.get("empty_choices"):
+            return 200, {"id": "chatcmpl-stub", "object": "chat.completion", "choices": []}
         message: dict[str, Any] = {"role": "assistant", "content": None}
         if reply.get("fill_schema"):
             prompt = "\n".join(str(m.get("content", "")) for m in body.get("messages", []))
@@ -154,8 +180,15 @@ class OpenAIStub:
         elif "content" in reply:
             message["content"] = reply["content"]
         else:
-            name = body.get("tools", [{}])[0].get("function", {}).get("name", "tool")
-            arguments = reply["malformed"] if "malformed" in reply else json.dumps(reply["args"])
+            function = body.get("tools", [{}])[0].get("function", {})
+            name = function.get("name", "tool")
+            if "fill_tool" in reply:  # arguments filling the requested function's schema
+                args = fill(function.get("parameters", {}), str(reply["fill_tool"]))
+                arguments = json.dumps(args)
+            else:
+                arguments = (
+                    reply["malformed"] if "malformed" in reply else json.dumps(reply["args"])
+                )
             message["tool_calls"] = [
                 {
                     "id": "call_1",
@@ -181,6 +214,7 @@ class OpenAIStub:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
         self.server.shutdown()
         self.server.server_close()
 

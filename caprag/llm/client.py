@@ -4,11 +4,15 @@ It renders nothing and decides nothing: a step hands it the messages (its prompt
 output schema; the client sends them, parses the reply (retrying a reply that does not parse),
 counts usage from the server's `usage` (the tokenizer where absent), prices it, keeps the
 messages and the raw reply for the trace, and answers identical calls from the response cache.
-Transport retries (429, 5xx, timeouts) belong to the chat model's own client.
+Transport retries (429, 5xx, timeouts) belong to the chat model's own client; a reply that
+arrives but cannot be read (a body cut short, no `choices`) is retried here like any reply that
+does not parse. One call, its transport retries included, is bounded by `timeout_s`
+(LLMTimeoutError). Error texts never carry a secret (caprag.secrets.redact).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 from typing import Any, TypeVar
@@ -17,11 +21,12 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 from pydantic import BaseModel
 
-from caprag.errors import LLMCallError, StructuredOutputError
+from caprag.errors import LLMCallError, LLMTimeoutError, StructuredOutputError
 from caprag.llm.cache import ResponseCache, cache_key
 from caprag.llm.prompt import Prompt, as_sent
 from caprag.llm.usage import count_tokens, price
 from caprag.schemas import CallUsage
+from caprag.secrets import redact
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -46,9 +51,13 @@ class StructuredClient:
         parse_attempts: int = 3,
         backend: str = "chat",
         cache: ResponseCache | None = None,
+        timeout_s: float | None = None,
     ) -> None:
         if parse_attempts < 1:
             raise ValueError("parse_attempts must be at least 1")
+        if timeout_s is not None and timeout_s <= 0:
+            raise ValueError("timeout_s must be positive (or None for no bound)")
+        self.timeout_s = timeout_s
         self.chat = chat
         self.model = model
         self.structured_method = structured_method
@@ -147,14 +156,15 @@ class StructuredClient:
         for _attempt in range(self.parse_attempts):
             t0 = time.perf_counter()
             try:
-                out = await runnable.ainvoke(messages)
-            except Exception as exc:
-                cut = _cut_at_cap(exc)
-                if cut is None:
-                    raise LLMCallError(f"{step}: the LLM endpoint failed: {exc}") from exc
-                # json_schema mode raises on a reply cut by the output cap: an unparseable
-                # reply like any other (its tokens were spent), so it is retried and recorded.
+                out = await self._send(step, runnable, messages)
+            except _UnreadableReplyError as unreadable:
+                # json_schema mode raises on a reply cut by the output cap, and the SDK on a
+                # body cut short or without choices: unparseable replies like any other, so
+                # they are retried and recorded.
+                cut = _cut_at_cap(unreadable.cause)
                 out = {"raw": cut, "parsed": None, "parsing_error": CUT_AT_CAP}
+                if cut is None:
+                    out["parsing_error"] = f"unreadable reply: {unreadable.cause}"
             assert isinstance(out, dict)
             raw = out.get("raw")
             spent.append(self._usage(step, prompt, messages, raw, t0))
@@ -176,6 +186,17 @@ class StructuredClient:
         failed = _merged(spent).model_copy(update={"error": f"unparseable reply: {detail}"})
         raise StepFailedError(schema.__name__, detail, self.parse_attempts, failed)
 
+    async def _send(self, step: str, runnable: Any, messages: list[BaseMessage]) -> Any:
+        """One request (with the chat model's transport retries) within `timeout_s`.
+
+        Raises LLMTimeoutError past the bound, LLMCallError when the endpoint failed (HTTP
+        status, connection), _UnreadableReplyError when a reply came but could not be read."""
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await runnable.ainvoke(messages)
+        except Exception as exc:
+            raise _classified(step, exc, self.timeout_s) from exc
+
     async def text(self, step: str, prompt: Prompt, **values: str) -> tuple[str, CallUsage]:
         """A plain-text reply (stripped of quotes) and its usage."""
         messages = prompt.render(**values)
@@ -185,13 +206,43 @@ class StructuredClient:
             return str(replayed[0]), replayed[1]
         t0 = time.perf_counter()
         try:
-            raw = await self.chat.ainvoke(messages)
-        except Exception as exc:
-            raise LLMCallError(f"{step}: the LLM endpoint failed: {exc}") from exc
+            raw = await self._send(step, self.chat, messages)
+        except _UnreadableReplyError as unreadable:
+            raise LLMCallError(
+                redact(f"{step}: the LLM endpoint's reply could not be read: {unreadable.cause}")
+            ) from unreadable.cause
         text = raw_text(raw).strip().strip('"').strip()
         usage = self._usage(step, prompt, messages, raw, t0)
         self._store(key, text, usage)
         return text, usage
+
+
+class _UnreadableReplyError(Exception):
+    """A reply arrived but could not be read (cut at the cap, cut short, no choices)."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+ENDPOINT_FAILURES = {"APIStatusError", "APIConnectionError", "HTTPError", "OSError"}
+"""Exception classes (by name, in the MRO: the openai SDK's and httpx's) that mean the endpoint
+failed rather than that its reply was unreadable."""
+TIMEOUTS = {"APITimeoutError", "TimeoutException", "TimeoutError"}
+
+
+def _classified(step: str, exc: Exception, bound: float | None) -> Exception:
+    """The error a failed request becomes: a timeout, an endpoint failure or an unreadable reply
+    (every message redacted: providers echo keys in their errors)."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if names & TIMEOUTS:
+        limit = (
+            f" within {bound:g} s" if bound is not None and isinstance(exc, TimeoutError) else ""
+        )
+        return LLMTimeoutError(redact(f"{step}: the LLM call did not finish{limit}: {exc}"))
+    if names & ENDPOINT_FAILURES:
+        return LLMCallError(redact(f"{step}: the LLM endpoint failed: {exc}"))
+    return _UnreadableReplyError(exc)
 
 
 def _merged(spent: list[CallUsage]) -> CallUsage:
@@ -236,7 +287,7 @@ def _why(exc: Exception, raw: Any) -> str:
     metadata = getattr(raw, "response_metadata", None) or {}
     if metadata.get("finish_reason") == "length":
         return CUT_AT_CAP
-    return " ".join(str(exc).split())[:500]
+    return redact(" ".join(str(exc).split())[:500])
 
 
 @functools.cache
