@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field, field_validator
 from caprag.llm.client import StepFailedError, StructuredClient
 from caprag.llm.prompt import Prompt, format_passages
 from caprag.schemas import MAX_QUERIES, MAX_QUERY_CHARS, Document
-from caprag.steps.base import RuleStep, StepResult
+from caprag.steps.base import RuleStep, StepResult, fit
 from caprag.steps.expand import cap
 from caprag.text import Reference, entities, references, sentences, terms
 
@@ -39,6 +39,9 @@ ANALYZE = Prompt(
 )
 
 
+MAX_REASONING_CHARS = 2000
+
+
 class SufficiencyDecision(BaseModel):
     """Whether the gathered passages answer the question, and what to search next if not."""
 
@@ -50,7 +53,9 @@ class SufficiencyDecision(BaseModel):
         max_length=MAX_QUERIES,
         description="Targeted searches for unresolved cross-references or missing parts.",
     )
-    reasoning: str = Field(default="", max_length=2000, description="One or two sentences why.")
+    reasoning: str = Field(
+        default="", max_length=MAX_REASONING_CHARS, description="One or two sentences why."
+    )
 
     @field_validator("new_queries")
     @classmethod
@@ -176,10 +181,16 @@ def uncovered_terms(question: str, documents: Sequence[Document]) -> list[str]:
 
 
 def decide(
-    question: str, documents: Sequence[Document], searched: Sequence[str] = ()
+    question: str,
+    documents: Sequence[Document],
+    searched: Sequence[str] = (),
+    notes: list[str] | None = None,
 ) -> SufficiencyDecision:
     """Offline decision: follow unresolved references; in passages that cite nothing, follow the
-    names they mention but the question does not (a bridge); else search uncovered terms."""
+    names they mention but the question does not (a bridge); else search uncovered terms.
+
+    However long the question, every query and the reasoning stay within the schema's bounds:
+    what is cut is said in `notes`."""
     asked = {q.strip().lower() for q in searched}
     queries: list[str] = []
     reasons: list[str] = []
@@ -204,19 +215,14 @@ def decide(
     share = len(missing) / max(len(set(terms(question))), 1)
     if not bridges and len(missing) >= MIN_UNCOVERED_TERMS and share >= MIN_UNCOVERED_SHARE:
         reasons.append("question terms not covered: " + ", ".join(missing))
-        query = " ".join(missing)
+        query = fit(" ".join(missing), MAX_QUERY_CHARS, "the query of uncovered terms", notes)
         if query.lower() not in asked and query not in queries:
             queries.append(query)
-    queries = queries[:MAX_NEW_QUERIES]
+    queries = [fit(q, MAX_QUERY_CHARS, "a query", notes) for q in queries[:MAX_NEW_QUERIES]]
     if not queries:
-        return SufficiencyDecision(
-            sufficient=True,
-            new_queries=[],
-            reasoning="; ".join(reasons)
-            + ("; " if reasons else "")
-            + "nothing left to search: every reference is resolved or already searched",
-        )
-    return SufficiencyDecision(sufficient=False, new_queries=queries, reasoning="; ".join(reasons))
+        reasons.append("nothing left to search: every reference is resolved or already searched")
+    reasoning = fit("; ".join(reasons), MAX_REASONING_CHARS, "the reasoning", notes)
+    return SufficiencyDecision(sufficient=not queries, new_queries=queries, reasoning=reasoning)
 
 
 def prompt_values(
@@ -240,9 +246,13 @@ class RuleAnalyzer(RuleStep):
         self, question: str, documents: Sequence[Document], searched: Sequence[str]
     ) -> StepResult[SufficiencyDecision]:
         t0 = time.perf_counter()
-        decision = decide(question, documents, searched)
+        notes: list[str] = []
+        decision = decide(question, documents, searched, notes)
         values = prompt_values(question, documents, searched, self.max_queries)
-        return self.costed("analyze", ANALYZE, decision, decision.model_dump_json(), t0, **values)
+        out = decision.model_dump_json()
+        result = self.costed("analyze", ANALYZE, decision, out, t0, **values)
+        assert result.usage is not None
+        return StepResult(decision, result.usage.model_copy(update={"notes": notes}))
 
 
 class LLMAnalyzer:

@@ -25,6 +25,20 @@ class StepResult(Generic[T]):
     signals: dict[str, float] | None = field(default=None)
 
 
+def fit(text: str, limit: int, what: str, notes: list[str] | None = None) -> str:
+    """`text` within `limit` characters, cut at the last word boundary that fits (a rule built
+    from a long question must still honour its schema's bounds); the cut is noted."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit]
+    if " " in cut[limit // 2 :]:
+        cut = cut[: cut.rindex(" ")]
+    cut = cut.rstrip()
+    if notes is not None:
+        notes.append(f"{what} cut from {len(text)} to {len(cut)} characters")
+    return cut
+
+
 class RuleStep:
     """A step answered by deterministic rules: no model, no network. Its usage is counted by
     rendering the same versioned prompt an LLM would get, priced at `price_model`, so rule and
@@ -37,7 +51,13 @@ class RuleStep:
         self.price_model = price_model
 
     def costed(
-        self, step: str, prompt: Prompt, value: T, out: str, t0: float, **values: str
+        self,
+        step: str,
+        prompt: Prompt,
+        value: T,
+        out: str,
+        t0: float,
+        **values: str,
     ) -> StepResult[T]:
         """The value, with the usage of sending `prompt` filled with `values` and getting `out`."""
         prompt_tokens = count_tokens(prompt.text(**values))

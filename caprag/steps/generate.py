@@ -17,7 +17,7 @@ from caprag.llm.client import StructuredClient
 from caprag.llm.prompt import History, Prompt, format_history, format_passages
 from caprag.schemas import Document
 from caprag.steps.analyze import is_resolved
-from caprag.steps.base import RuleStep, StepResult
+from caprag.steps.base import RuleStep, StepResult, fit
 from caprag.text import references, sentences, terms
 
 REFUSAL = "The rulebooks do not say."
@@ -37,10 +37,13 @@ GENERATE = Prompt(
 )
 
 
+MAX_ANSWER_CHARS = 4000
+
+
 class GeneratedAnswer(BaseModel):
     """What the generator returns: the answer text and the passage ids it relied on."""
 
-    answer: str = Field(max_length=4000)
+    answer: str = Field(max_length=MAX_ANSWER_CHARS)
     source_ids: list[str] = Field(default_factory=list, max_length=20)
 
 
@@ -105,7 +108,10 @@ def extract_answer(question: str, documents: Sequence[Document]) -> GeneratedAns
             sources.append(target.passage_id)
         if len(sources) >= 3:
             break
-    return GeneratedAnswer(answer=" ".join(parts), source_ids=sources)
+    # A corpus without sentence ends can make one "sentence" a whole chapter.
+    return GeneratedAnswer(
+        answer=fit(" ".join(parts), MAX_ANSWER_CHARS, "the answer"), source_ids=sources
+    )
 
 
 class RuleGenerator(RuleStep):
