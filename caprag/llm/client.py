@@ -204,13 +204,18 @@ class StructuredClient:
         replayed = self._replay(key, step)
         if replayed is not None:
             return str(replayed[0]), replayed[1]
-        t0 = time.perf_counter()
-        try:
-            raw = await self._send(step, self.chat, messages)
-        except _UnreadableReplyError as unreadable:
-            raise LLMCallError(
-                redact(f"{step}: the LLM endpoint's reply could not be read: {unreadable.cause}")
-            ) from unreadable.cause
+        for attempt in range(1, self.parse_attempts + 1):
+            t0 = time.perf_counter()
+            try:
+                raw = await self._send(step, self.chat, messages)
+                break
+            except _UnreadableReplyError as unreadable:  # retried like an unparseable reply
+                if attempt == self.parse_attempts:
+                    raise LLMCallError(
+                        redact(
+                            f"{step}: no readable reply in {attempt} attempt(s): {unreadable.cause}"
+                        )
+                    ) from unreadable.cause
         text = raw_text(raw).strip().strip('"').strip()
         usage = self._usage(step, prompt, messages, raw, t0)
         self._store(key, text, usage)

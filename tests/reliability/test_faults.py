@@ -189,3 +189,13 @@ def test_kill_9_while_logging_traces_then_resume_gives_one_trace_per_question(
     )
     cases = [t.info.tags["caprag.case"] for t in traces]
     assert len(cases) == len(set(cases)) == int(finished.data.metrics["questions"]) == 9
+
+
+def test_a_plain_text_call_retries_an_unreadable_reply() -> None:
+    from caprag.steps.rewrite import REWRITE
+
+    with OpenAIStub([{"empty_choices": True}], default={"content": "standalone"}) as stub:
+        llm = build_openai_client("m", api_key="k", base_url=stub.base_url, max_retries=0)
+        text, _usage = asyncio.run(llm.text("rewrite", REWRITE, question="q", history="h"))
+    assert text == "standalone"
+    assert len(stub.requests) == 2
