@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from caprag.errors import BookFormatError
+from caprag.errors import BookFormatError, CapragError
 
 REQUIRED_META = ("book_id", "short", "title", "edition", "published")
 PAGE_MARKER = re.compile(r"^<!--\s*page\s+(\d+)\s*-->\s*$")
@@ -59,7 +59,10 @@ class Book:
 
 def _parse_front_matter(path: Path, lines: list[str]) -> tuple[BookMeta, int]:
     if not lines or lines[0].strip() != "---":
-        raise BookFormatError(path, 1, "expected front matter starting with '---'")
+        found = lines[0].strip()[:40] if lines else ""
+        raise BookFormatError(
+            path, 1, f"expected front matter starting with '---', found {found!r}"
+        )
     values: dict[str, tuple[str, int]] = {}
     for number, raw in enumerate(lines[1:], start=2):
         line = raw.strip()
@@ -109,14 +112,38 @@ def _parse_front_matter(path: Path, lines: list[str]) -> tuple[BookMeta, int]:
     return meta, end
 
 
+def read_text(path: Path) -> str:
+    """A book's text; BookFormatError naming the line of the first byte that is not text."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise BookFormatError(path, 1, f"cannot read the file ({exc.strerror or exc})") from None
+    try:
+        text = data.decode("utf-8-sig")  # a byte-order mark is not part of the front matter
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise BookFormatError(
+            path,
+            line,
+            f"expected UTF-8 text, found byte 0x{data[exc.start]:02x} at column {column} "
+            "(save the file as UTF-8)",
+        ) from None
+    if "\x00" in text:
+        line = text[: text.index("\x00")].count("\n") + 1
+        raise BookFormatError(path, line, "expected text, found a NUL byte (a binary file?)")
+    return text
+
+
 def parse_book(path: Path | str) -> Book:
     """Read one rulebook file; raise BookFormatError with file and line on bad input."""
     path = Path(path)
-    try:
-        source = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise BookFormatError(path, 1, f"not UTF-8 text ({exc.reason})") from None
+    source = read_text(path)
     lines = source.splitlines()
+    if not source.strip():
+        raise BookFormatError(
+            path, 1, "the file is empty (expected front matter starting with '---')"
+        )
     meta, body_start = _parse_front_matter(path, lines)
     book = Book(meta=meta, path=path, content_hash=hashlib.sha256(source.encode()).hexdigest())
     page: int | None = None
@@ -191,19 +218,33 @@ def parse_book(path: Path | str) -> Book:
 
 
 def find_book_files(path: Path | str) -> list[Path]:
-    """List the Markdown books under a folder (or the one file given)."""
+    """The Markdown books of a folder: every `*.md` file in it but README.md (or the one file).
+
+    Every such file is a book: one that cannot be parsed is an error, never skipped.
+    """
     path = Path(path)
     if path.is_file():
         return [path]
     if not path.is_dir():
         raise FileNotFoundError(f"no book file or folder at {path}")
-    files = sorted(p for p in path.glob("*.md") if p.name.upper() != "README.MD")
-    return [p for p in files if p.read_text(encoding="utf-8").startswith("---")]
+    return sorted(
+        p
+        for p in path.iterdir()
+        if p.suffix.lower() == ".md"
+        and p.name.upper() != "README.MD"
+        and not p.name.startswith(".")  # editor lock and swap files
+        and not p.is_dir()
+    )
 
 
 def load_books(path: Path | str) -> list[Book]:
-    """Parse every book under path; raise on a repeated book_id."""
-    books = [parse_book(file) for file in find_book_files(path)]
+    """Parse every book under path; raise on a folder without books or a repeated book_id."""
+    files = find_book_files(path)
+    if not files:
+        raise CapragError(
+            f"{path}: no books in this folder (expected Markdown files *.md with front matter)"
+        )
+    books = [parse_book(file) for file in files]
     owners: dict[str, Path] = {}
     for book in books:
         if book.meta.book_id in owners:
@@ -246,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"pages {book.passages[0].page}-{book.passages[-1].page}, "
                     f"words/passage min {min(words)} max {max(words)}, {refs} citations"
                 )
-        except (BookFormatError, FileNotFoundError) as exc:
+        except (CapragError, FileNotFoundError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             status = 1
     return status

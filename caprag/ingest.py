@@ -19,10 +19,12 @@ def open_index(settings: Settings) -> PassageIndex:
 
 
 def ingest_path(path: Path | str, settings: Settings, *, prune: bool = False) -> IngestReport:
-    """Parse every book under path, then add what changed to the index."""
+    """Parse every book under path, then add what changed to the index.
+
+    Raises BookFormatError (file:line) for any book that cannot be read or parsed, CapragError for
+    a folder without books and FileNotFoundError for a missing path: no book is skipped.
+    """
     books = load_books(path)
-    if not books:
-        raise CapragError(f"no books (Markdown files with front matter) found under {path}")
     return open_index(settings).ingest(books, prune=prune)
 
 

@@ -73,20 +73,33 @@ class Conversation(BaseModel):
 
 
 def read_jsonl(path: Path) -> Iterable[tuple[int, dict[str, object]]]:
-    """(line number, object) for each non-blank line; DatasetError on broken JSON."""
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DatasetError(
-                    path, number, f"not valid JSON ({exc.msg}, column {exc.colno})"
-                ) from None
-            if not isinstance(value, dict):
-                raise DatasetError(path, number, "expected a JSON object")
-            yield number, value
+    """(line number, object) for each non-blank line; DatasetError (file:line) on a file that
+    cannot be read, bytes that are not UTF-8 text, broken JSON or a line that is not an object."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise DatasetError(path, 1, f"cannot read the file ({exc.strerror or exc})") from None
+    for number, raw in enumerate(data.splitlines(), start=1):
+        try:
+            line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+        except UnicodeDecodeError as exc:
+            raise DatasetError(
+                path,
+                number,
+                f"expected UTF-8 text, found byte 0x{raw[exc.start]:02x} at column "
+                f"{exc.start + 1} (save the file as UTF-8)",
+            ) from None
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DatasetError(
+                path, number, f"not valid JSON ({exc.msg}, column {exc.colno})"
+            ) from None
+        if not isinstance(value, dict):
+            raise DatasetError(path, number, "expected a JSON object")
+        yield number, value
 
 
 def explain(exc: ValidationError) -> str:
@@ -116,13 +129,19 @@ def parse_set(
     path = Path(path)
     items: list[tuple[int, GoldQuestion | Conversation]] = []
     errors: list[DatasetError] = []
+    lines = 0
     for number, value in read_jsonl(path):
+        lines += 1
         try:
             items.append((number, _parse(set_name, value)))
         except ValidationError as exc:
             errors.append(DatasetError(path, number, explain(exc)))
         except ValueError as exc:
             errors.append(DatasetError(path, number, str(exc)))
+    if not lines:
+        errors.append(
+            DatasetError(path, 1, "the file has no questions (expected one JSON object per line)")
+        )
     return items, errors
 
 

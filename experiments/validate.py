@@ -9,7 +9,7 @@ from pathlib import Path
 
 from caprag.books import load_books
 from caprag.config import BUNDLED_CORPUS
-from caprag.errors import BookFormatError
+from caprag.errors import CapragError
 from experiments.questions import (
     QUESTIONS_DIR,
     SETS,
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         problems, summary = validate(args.questions, args.corpus)
-    except BookFormatError as exc:
+    except (CapragError, FileNotFoundError) as exc:  # a book or the corpus folder
         print(f"error: {exc}", file=sys.stderr)
         return 1
     for line in summary:
