@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -134,7 +134,7 @@ def build_book(name: str, path: Path, records: Sequence[tuple[int, BenchmarkReco
     )
 
 
-def _case(name: str, record: BenchmarkRecord, mode: Mode) -> EvalCase:
+def _case(name: str, record: BenchmarkRecord, mode: Mode, path: Path, line: int) -> EvalCase:
     gold = (
         [passage_id(name, p.title, p.text) for p in record.supporting] if record.answerable else []
     )
@@ -155,7 +155,7 @@ def _case(name: str, record: BenchmarkRecord, mode: Mode) -> EvalCase:
     if mode == "distractor":
         paragraphs = [*record.supporting, *record.distractors]
         scope = tuple(dict.fromkeys(passage_id(name, p.title, p.text) for p in paragraphs))
-    return EvalCase(record.id, set_name, (question,), scope=scope)
+    return EvalCase(record.id, set_name, (question,), scope=scope, file=path, line=line)
 
 
 def load_benchmark(
@@ -163,13 +163,14 @@ def load_benchmark(
     path: str | Path,
     mode: Mode = "pooled",
     limit: int | None = None,
-    limit_per_set: int | None = None,
+    limit_per_set: int | Mapping[str, int] | None = None,
     types: Sequence[str] | None = None,
 ) -> Dataset:
     """Load a benchmark file as a dataset with its own corpus; cases keep the file's order.
 
     A question's set is `<name>:<type>` (e.g. `hotpotqa:bridge`): limit_per_set and per-set
-    results work per benchmark question type.
+    results work per benchmark question type (a mapping is keyed by type: {bridge: 3}; a type not
+    named keeps all its questions).
     """
     if not str(path or "").strip() or str(path) == "???":
         raise ConfigError("a benchmark needs a file: set dataset.path=FILE (benchmark JSONL)")
@@ -189,16 +190,25 @@ def load_benchmark(
             f"unknown question type(s) {', '.join(sorted(set(types) - known))} in {path}; "
             f"known: {', '.join(sorted(known))}"
         )
+    if isinstance(limit_per_set, Mapping) and set(limit_per_set) - known:
+        unknown = ", ".join(sorted(str(k) for k in set(limit_per_set) - known))
+        raise ConfigError(
+            f"experiment.limit_per_set names question type(s) {unknown} that {path} does not "
+            f"have; known: {', '.join(sorted(known))}"
+        )
     cases: list[EvalCase] = []
     per_set: Counter[str] = Counter()
     for number, record in records:
         try:  # every line is checked, also those the limits leave out
-            case = _case(name, record, mode)
+            case = _case(name, record, mode, path, number)
         except ValidationError as exc:
             raise DatasetError(path, number, explain(exc)) from None
         if types is not None and record.type not in types:
             continue
-        if limit_per_set is not None and per_set[case.set] >= limit_per_set:
+        keep = (
+            limit_per_set.get(record.type) if isinstance(limit_per_set, Mapping) else limit_per_set
+        )
+        if keep is not None and per_set[case.set] >= keep:
             continue
         per_set[case.set] += 1
         cases.append(case)

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import difflib
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, overload
 
 from caprag.books import Book
+from caprag.errors import ConfigError
 from experiments.questions import (
     QUESTIONS_DIR,
     SETS,
+    Conversation,
+    DatasetError,
     GoldQuestion,
     content_hash,
-    load_conversations,
-    load_questions,
+    parse_set,
 )
 
 
@@ -51,6 +54,10 @@ class EvalCase:
     turns: tuple[GoldQuestion, ...]
     scope: tuple[str, ...] | None = None
     """Passage ids the case may search (benchmark distractor mode); None: the whole index."""
+    file: Path | None = None
+    """The question file the case was read from (errors found later point back at it)."""
+    line: int = 0
+    """Its line in that file."""
 
     @property
     def is_conversation(self) -> bool:
@@ -77,6 +84,34 @@ class Dataset:
     def questions(self) -> int:
         """Number of questions (conversation turns counted one by one)."""
         return sum(len(case.turns) for case in self.cases)
+
+    def check_gold_passages(self, known: Collection[str], where: str) -> None:
+        """Raise DatasetError (file:line) for the first gold passage id that is not in `known`
+        (the index's passage ids, read from `where`): it could never be retrieved, so its
+        question would score recall 0 for a typo, not for a strategy."""
+        unknown = [
+            (case, turn.id, pid)
+            for case in self.cases
+            for turn in case.turns
+            for pid in turn.gold_passages
+            if pid not in known
+        ]
+        if not unknown:
+            return
+        case, question_id, pid = unknown[0]
+        close = difflib.get_close_matches(pid, list(known), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        more = (
+            f" ({len(unknown) - 1} more unknown; `python -m experiments.validate` lists all)"
+            if len(unknown) > 1
+            else ""
+        )
+        raise DatasetError(
+            case.file or Path(self.name),
+            case.line,
+            f"gold passage {pid!r} of question {question_id} is not in the index of {where} "
+            f"({len(known)} passages){hint}{more}",
+        )
 
     def index_overrides(self, store: str | Path) -> dict[str, Any]:
         """build_index arguments for the dataset's own corpus, in its own store folder.
@@ -108,16 +143,32 @@ def load_dataset(
     cases: list[EvalCase] = []
     files: list[Path] = []
     sources = [(s, Path(path) if path else root / f"{s}.jsonl") for s in sets]
-    for set_name, file in sources:
+    for set_name in sets:
         if set_name not in SETS:
-            raise ValueError(f"unknown question set {set_name!r}; known: {', '.join(SETS)}")
+            raise ConfigError(f"unknown question set {set_name!r}; known: {', '.join(SETS)}")
+    if isinstance(limit_per_set, Mapping) and set(limit_per_set) - set(sets):
+        unknown = ", ".join(sorted(str(k) for k in set(limit_per_set) - set(sets)))
+        raise ConfigError(
+            f"experiment.limit_per_set names set(s) {unknown} that dataset {name} does not have; "
+            f"its sets: {', '.join(sets)}"
+        )
+    for set_name, file in sources:
         if not file.exists():
             raise FileNotFoundError(f"question set file {file} does not exist")
         files.append(file)
-        if set_name == "follow_up":
-            found = [EvalCase(c.id, set_name, tuple(c.turns)) for c in load_conversations(file)]
-        else:
-            found = [EvalCase(q.id, set_name, (q,)) for q in load_questions(file, set_name)]
+        items, errors = parse_set(file, set_name)
+        if errors:
+            raise errors[0]
+        found = [
+            EvalCase(
+                item.id,
+                set_name,
+                tuple(item.turns) if isinstance(item, Conversation) else (item,),
+                file=file,
+                line=number,
+            )
+            for number, item in items
+        ]
         keep = limit_per_set.get(set_name) if isinstance(limit_per_set, Mapping) else limit_per_set
         cases += found[:keep] if keep is not None else found
     if limit is not None:

@@ -348,11 +348,46 @@ class Aggregate:
         return f"{self.n}/{self.total}"
 
 
-def aggregate(rows: Sequence[QuestionRow]) -> dict[str, Aggregate]:
-    """Mean of each metric over the rows that have it; failed rows count in the total."""
+ALWAYS_SCORED = (
+    "recall_at_k",
+    "precision_at_k",
+    "mrr",
+    "recall_hop1",
+    "recall_hop2",
+    "recall_hop3",
+    "exact_match",
+    "f1",
+    "correct_refusal",
+    "false_refusal",
+    "hops",
+    "retrieval_calls",
+    "llm_calls",
+    "llm_calls_cached",
+    "distinct_passages",
+    "prompt_tokens",
+    "completion_tokens",
+    "tokens",
+    "cost_usd",
+    "cost_usd_spent",
+    "latency_s",
+)
+"""Metrics every answered question has, as a value or as a missing reason: a run keeps them
+(with their coverage) even when no question was answered."""
+
+
+def aggregate(
+    rows: Sequence[QuestionRow], expected: Sequence[str] = ALWAYS_SCORED
+) -> dict[str, Aggregate]:
+    """Mean of each metric over the rows that have it; failed rows count in the total.
+
+    The `expected` metrics are there even when no row has them (every question failed): their
+    coverage is 0/N with the failures as the reason, not an empty table.
+    """
     names: list[str] = []
     for row in rows:
         names += [n for n in [*row.values, *row.missing] if n not in names]
+    if rows:
+        names += [n for n in expected if n not in names]
     result: dict[str, Aggregate] = {}
     for name in names:
         present = [
@@ -407,6 +442,47 @@ def summary_metrics(rows: Sequence[QuestionRow]) -> dict[str, float]:
             sum(1 for r in ok if r.values.get("hops") == hops) / len(ok) if ok else 0.0
         )
     return out
+
+
+@dataclass(frozen=True)
+class Failures:
+    """The failed questions of a run, grouped by kind of error (most common first)."""
+
+    failed: int
+    total: int
+    kinds: list[tuple[str, int, str]]
+    """(kind, count, the first message of that kind) per kind of error."""
+
+    @property
+    def all_failed(self) -> bool:
+        """Every question of a non-empty run failed: there is no result to read."""
+        return self.total > 0 and self.failed == self.total
+
+    def most_common(self, width: int = 160) -> str:
+        """'3 of 4: StructuredOutputError: could not parse ...' (the first message of the most
+        common kind), cut to `width` characters."""
+        if not self.kinds:
+            return ""
+        _kind, count, message = self.kinds[0]
+        text = f"{count} of {self.failed}: {message}"
+        return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def failures(rows: Sequence[QuestionRow]) -> Failures:
+    """Count the failed rows by the kind of their error (its exception name, or 'timed out')."""
+    found: dict[str, tuple[int, str]] = {}
+    for row in rows:
+        if row.status == "ok":
+            continue
+        error = row.error or "no error recorded"
+        kind = "timed out" if error.startswith("timed out") else error.split(":", 1)[0]
+        count, first = found.get(kind, (0, error))
+        found[kind] = (count + 1, first)
+    kinds = sorted(
+        ((kind, count, first) for kind, (count, first) in found.items()), key=lambda k: -k[1]
+    )
+    failed = sum(count for _, count, _ in kinds)
+    return Failures(failed=failed, total=len(rows), kinds=kinds)
 
 
 def timed(fn: Callable[[], Any]) -> tuple[Any, float]:

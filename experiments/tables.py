@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from experiments.evaluate import Aggregate
+from experiments.evaluate import Aggregate, Failures
 
 SHOWN = (
     ("recall_at_k", "gold-passage recall@k"),
@@ -73,9 +73,16 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join([line, rule, *body])
 
 
-def run_table(aggregates: Mapping[str, Aggregate], summary: Mapping[str, float]) -> str:
-    """One run: metric, value, coverage (n/total with values)."""
-    rows = []
+def run_table(
+    aggregates: Mapping[str, Aggregate],
+    summary: Mapping[str, float],
+    failed: Failures | None = None,
+) -> str:
+    """One run: questions answered, then metric, value, coverage (n/total with values); with
+    `failed`, a line under the table names the most common error."""
+    questions = int(summary.get("questions", 0))
+    answered = questions - int(summary.get("failed", 0))
+    rows = [["questions answered", str(answered), f"{answered}/{questions}"]]
     for name, label in SHOWN:
         agg = aggregates.get(name)
         if agg is None:
@@ -85,7 +92,10 @@ def run_table(aggregates: Mapping[str, Aggregate], summary: Mapping[str, float])
         if name in summary:
             rows.append([name.replace("_", " "), fmt(summary[name]), ""])
     rows.append(["failed questions", f"{summary.get('failed', 0):.0f}", ""])
-    return markdown_table(["metric", "value", "coverage"], rows)
+    table = markdown_table(["metric", "value", "coverage"], rows)
+    if failed is not None and failed.failed:
+        table += f"\nmost common error: {failed.most_common()}"
+    return table
 
 
 def compare_table(
