@@ -214,6 +214,14 @@ def check_settings(cfg: DictConfig) -> None:
         check_tracking_uri(cfg)
     _check_strategy(cfg)
     _check_llm(cfg)
+    if cfg.judge is not None and "max_output_tokens" in cfg.judge:
+        _whole(
+            cfg,
+            "judge.max_output_tokens",
+            1,
+            "the output cap of one judge reply",
+            null="the server's default",
+        )
 
 
 STRATEGY_MINIMUMS = {

@@ -154,6 +154,28 @@ def test_settings_below_their_minimum_fail_before_the_run(
     assert not (tmp_path / "store").exists()  # nothing was built
 
 
+@pytest.mark.parametrize(
+    ("group", "override", "shown"),
+    [
+        ("strategy=adaptive", "strategy.depth_chunks=[5,0,30]", "strategy.depth_chunks=[5, 0, 30]"),
+        ("strategy=adaptive", "strategy.timeout_s=0", "strategy.timeout_s=0 is not allowed"),
+        ("strategy=multi-question", "strategy.n_subquestions=0", "strategy.n_subquestions=0"),
+        ("llm=openai", "llm.client.timeout_s=-1", "llm.client.timeout_s=-1 is not allowed"),
+        ("llm=openai", "llm.client.parse_attempts=0", "llm.client.parse_attempts=0 is not"),
+        ("judge=openai", "judge.max_output_tokens=0", "judge.max_output_tokens=0 is not allowed"),
+    ],
+)
+def test_group_settings_below_their_minimum_fail_before_the_run(
+    group: str, override: str, shown: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    with pytest.raises(ConfigError) as info:
+        run(make_cfg(tmp_path, "dataset=single_book", group, override))
+    assert str(info.value).startswith(shown)
+    assert not (tmp_path / "store").exists()
+
+
 def test_limit_per_set_naming_a_set_the_dataset_lacks_fails(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"names set.s. single that dataset single_book"):
         run(make_cfg(tmp_path, "dataset=single_book", "experiment.limit_per_set={single:1}"))
