@@ -98,7 +98,12 @@ class Components:
             raise ConfigError(f"strategy: {exc}") from None
 
 
-URI_FORMS = "sqlite:///PATH, file:PATH, a plain folder path, http(s)://HOST[:PORT] or databricks"
+URI_FORMS = (
+    "sqlite:///PATH, file:PATH, a plain folder path, http(s)://HOST[:PORT], "
+    "postgresql|mysql|mssql://USER@HOST/DB or databricks"
+)
+DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")
+"""SQLAlchemy stores MLflow opens (with or without a driver: postgresql+psycopg2://...)."""
 SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
 
 
@@ -175,6 +180,7 @@ def check_tracking_uri(cfg: DictConfig) -> None:
         or (name == "sqlite" and value.startswith("sqlite:///") and len(value) > len("sqlite:///"))
         or (name == "file" and len(value) > len("file:"))
         or (name in ("http", "https") and len(value.split("://", 1)[-1].strip("/")) > 0)
+        or (name.split("+")[0] in DATABASE_SCHEMES and "://" in value)
         or (name == "databricks")
     )
     if not fine or (name in ("http", "https") and "://" not in value):

@@ -219,6 +219,8 @@ def test_bad_settings_are_one_line_errors_in_the_cli(
         "https://mlflow.example.org/",
         "databricks",
         "databricks://profile",
+        "postgresql://mlflow@db.example.org/mlflow",
+        "mysql+pymysql://mlflow@127.0.0.1:3306/mlflow",
     ],
 )
 def test_tracking_uris_mlflow_opens_are_accepted(uri: str, tmp_path: Path) -> None:
