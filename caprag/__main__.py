@@ -1,13 +1,25 @@
-"""`python -m caprag ask "question" [--thread ID]`: answer from the shell."""
+"""`python -m caprag ask "question" [--thread ID]`: answer from the shell.
+
+Each `ask` is its own process, so its conversations live on disk: in CLI_STORE unless
+CAPRAG_CHECKPOINTER says otherwise, and `--thread ID` continues one across calls.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import sys
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
 
+from caprag.config import Settings, load_settings
 from caprag.errors import CapragError
-from caprag.services import AskResult, ask_question, default_pipeline
+from caprag.services import AskResult, Pipeline, build_pipeline, validate_question
+
+CLI_STORE = Path(".caprag") / "cli-chat.db"
+"""Where `ask` keeps conversations when CAPRAG_CHECKPOINTER is not set (relative to the
+working directory, like the vector store)."""
 
 DEMO_QUESTIONS = (
     "What does Arcane Aptitude cost at level 3?",
@@ -52,25 +64,54 @@ def render(result: AskResult) -> str:
     return "\n".join(lines)
 
 
+def cli_settings(command: str) -> Settings:
+    """The settings, with `ask`'s conversations on disk unless CAPRAG_CHECKPOINTER is set."""
+    settings = load_settings()
+    if command == "ask" and "checkpointer" not in settings.model_fields_set:
+        CLI_STORE.parent.mkdir(parents=True, exist_ok=True)
+        settings = settings.model_copy(update={"checkpointer": f"sqlite:{CLI_STORE}"})
+    return settings
+
+
+async def run(pipeline: Pipeline, questions: Sequence[str], thread: str | None, demo: bool) -> None:
+    """Answer the questions in one event loop, and always close the conversation store in it
+    (an open SQLite connection would keep the process from exiting)."""
+    try:
+        await pipeline.open()
+        for question in questions:
+            if demo:
+                print(f"\n### {question}")
+                print(render(await pipeline.ask(question)))
+                continue
+            current = thread or str(uuid.uuid4())
+            new = not await pipeline.history(current)
+            print(render(await pipeline.ask(question, current)))
+            if new:
+                print(f"(new conversation: continue it with --thread {current})")
+    finally:
+        await pipeline.aclose()
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of `python -m caprag`."""
+    """Entry point of `python -m caprag`: bad input or settings are one `error:` line, exit 2."""
     parser = argparse.ArgumentParser(prog="python -m caprag")
     commands = parser.add_subparsers(dest="command", required=True)
     ask = commands.add_parser("ask", help="answer one question")
     ask.add_argument("question")
-    ask.add_argument("--thread", default=None, help="conversation thread id")
+    ask.add_argument("--thread", default=None, help="conversation thread id to continue")
     commands.add_parser("demo", help="ingest the corpus and answer a few sample questions")
     args = parser.parse_args(argv)
-    questions = DEMO_QUESTIONS if args.command == "demo" else (args.question,)
+    demo = args.command == "demo"
     try:
-        pipeline = default_pipeline() if args.command == "demo" else None
-        for question in questions:
-            if pipeline is not None:
-                print(f"\n### {question}")
-                result = asyncio.run(pipeline.ask(question))
-            else:
-                result = asyncio.run(ask_question(question, args.thread))
-            print(render(result))
+        questions = DEMO_QUESTIONS if demo else (validate_question(args.question),)
+        if not demo and args.thread is not None and not args.thread.strip():
+            raise CapragError("--thread needs a thread id (omit it to start a new conversation)")
+        settings = cli_settings(args.command)
+        try:
+            pipeline = build_pipeline(settings)
+        except OSError as exc:  # a corpus or store path that cannot be used
+            raise CapragError(str(exc)) from exc
+        asyncio.run(run(pipeline, questions, None if demo else args.thread, demo))
     except CapragError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, ValidationError, model_validator
+from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from caprag.errors import ConfigError, MissingAPIKeyError
@@ -87,6 +87,58 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("CAPRAG_CHECKPOINTER", "checkpointer"),
         description="'memory' or 'sqlite:PATH' for conversations that survive restarts.",
     )
+    memory_ttl_s: float = Field(
+        6 * 3600.0,
+        gt=0,
+        validation_alias=AliasChoices("CAPRAG_MEMORY_TTL_S", "memory_ttl_s"),
+        description="A conversation held in memory is dropped after this many idle seconds.",
+    )
+    memory_max_threads: int = Field(
+        1000,
+        ge=1,
+        validation_alias=AliasChoices("CAPRAG_MEMORY_MAX_THREADS", "memory_max_threads"),
+        description="At most this many conversations in memory (least recently used dropped).",
+    )
+    sqlite_ttl_days: float = Field(
+        30.0,
+        gt=0,
+        validation_alias=AliasChoices("CAPRAG_SQLITE_TTL_DAYS", "sqlite_ttl_days"),
+        description="A conversation in a SQLite store is deleted after this many idle days.",
+    )
+    prune_interval_s: float = Field(
+        3600.0,
+        gt=0,
+        validation_alias=AliasChoices("CAPRAG_PRUNE_INTERVAL_S", "prune_interval_s"),
+        description="How often a SQLite store looks for idle conversations (and at start-up).",
+    )
+    llm_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        validation_alias=AliasChoices("CAPRAG_LLM_TIMEOUT_S", "llm_timeout_s"),
+        description="Time limit of one LLM request; a turn that exceeds it answers 504.",
+    )
+    max_body_bytes: int = Field(
+        64 * 1024,
+        ge=1024,
+        validation_alias=AliasChoices("CAPRAG_MAX_BODY_BYTES", "max_body_bytes"),
+        description="Largest request body the API reads; larger ones get 413 unread.",
+    )
+    allowed_origins: str = Field(
+        "",
+        validation_alias=AliasChoices("CAPRAG_ALLOWED_ORIGINS", "allowed_origins"),
+        description="Comma-separated origins besides the server's own that may post to /chat.",
+    )
+
+    @field_validator("checkpointer")
+    @classmethod
+    def _known_checkpointer(cls, value: str) -> str:
+        from caprag.checkpoint import check_spec
+
+        try:
+            check_spec(value)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return value
 
     @model_validator(mode="after")
     def _key_for_openai(self) -> Settings:
@@ -112,6 +164,18 @@ ENV_NAMES = {
     "k": "CAPRAG_K",
     "max_hops": "CAPRAG_MAX_HOPS",
     "expand_first_hop": "CAPRAG_EXPAND_FIRST_HOP",
+    "rewrite_model": "CAPRAG_REWRITE_MODEL",
+    "price_model": "CAPRAG_PRICE_MODEL",
+    "corpus": "CAPRAG_CORPUS",
+    "chroma_dir": "CAPRAG_CHROMA_DIR",
+    "checkpointer": "CAPRAG_CHECKPOINTER",
+    "memory_ttl_s": "CAPRAG_MEMORY_TTL_S",
+    "memory_max_threads": "CAPRAG_MEMORY_MAX_THREADS",
+    "sqlite_ttl_days": "CAPRAG_SQLITE_TTL_DAYS",
+    "prune_interval_s": "CAPRAG_PRUNE_INTERVAL_S",
+    "llm_timeout_s": "CAPRAG_LLM_TIMEOUT_S",
+    "max_body_bytes": "CAPRAG_MAX_BODY_BYTES",
+    "allowed_origins": "CAPRAG_ALLOWED_ORIGINS",
 }
 
 
@@ -124,7 +188,8 @@ def load_settings(**overrides: object) -> Settings:
         for error in exc.errors():
             field = str(error["loc"][0]) if error["loc"] else "?"
             name = ENV_NAMES.get(field, field)
-            problems.append(f"{name}={error.get('input')!r}: {error['msg']}")
+            message = str(error["msg"]).removeprefix("Value error, ")
+            problems.append(f"{name}={error.get('input')!r}: {message}")
         raise ConfigError("invalid settings: " + "; ".join(problems)) from None
     except ConfigError:
         raise

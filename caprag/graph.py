@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, RemoveMessage
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 
@@ -33,6 +34,28 @@ def history_pairs(
             pairs.append((pending, str(message.content)))
             pending = None
     return pairs[-window:] if window else []
+
+
+def trim_history(
+    messages: Sequence[AnyMessage], window: int = HISTORY_PAIRS
+) -> list[RemoveMessage]:
+    """Removals that keep only what `history_pairs` can still show: the last `window` completed
+    pairs and a trailing open question (so a thread's checkpointed memory stays bounded)."""
+    keep: set[str | None] = set()
+    index = len(messages) - 1
+    if index >= 0 and isinstance(messages[index], HumanMessage):
+        keep.add(messages[index].id)
+        index -= 1
+    pairs = 0
+    while index >= 1 and pairs < window:
+        answer, question = messages[index], messages[index - 1]
+        if isinstance(answer, AIMessage) and isinstance(question, HumanMessage):
+            keep |= {answer.id, question.id}
+            pairs += 1
+            index -= 2
+        else:
+            index -= 1
+    return [RemoveMessage(id=m.id) for m in messages if m.id is not None and m.id not in keep]
 
 
 def build_graph(
@@ -85,6 +108,7 @@ def build_graph(
             return {
                 "answer": AnswerWithSources(answer=""),
                 "generate_usage": failed.usage,
+                "messages": trim_history(state.messages, history_window),
                 "timings": {"generate": time.perf_counter() - start},
             }
         by_id = {doc.passage_id: doc for doc in state.context}
@@ -99,10 +123,11 @@ def build_graph(
             for doc in (by_id[i] for i in result.value.source_ids if i in by_id)
         ]
         answer = AnswerWithSources(answer=result.value.answer, sources=sources)
+        reply = AIMessage(answer.answer, id=str(uuid.uuid4()))
         return {
             "answer": answer,
             "generate_usage": result.usage,
-            "messages": [AIMessage(answer.answer)],
+            "messages": [reply, *trim_history([*state.messages, reply], history_window)],
             "timings": {"generate": time.perf_counter() - start},
         }
 

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
+import unicodedata
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
-from langchain_core.messages import HumanMessage
+from langchain_core.messages import AnyMessage, HumanMessage
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from pydantic import BaseModel, Field
 
-from caprag.checkpoint import close_checkpointer, make_checkpointer
+from caprag.checkpoint import Retention, close_checkpointer, make_checkpointer, open_checkpointer
 from caprag.config import ROLE_NAMES, Settings, load_settings
 from caprag.errors import EmptyQuestionError
 from caprag.graph import HISTORY_PAIRS, build_graph
@@ -60,9 +63,28 @@ class AskResult(BaseModel):
         return len(self.hops)
 
 
+INVISIBLE_CATEGORIES = {"Cc", "Cf", "Cn", "Co", "Cs", "Mn", "Me", "Zs", "Zl", "Zp"}
+"""Controls, format characters (zero-width space and joiners, BOM), unassigned and private code
+points, lone combining marks and separators: nothing a reader sees as a question."""
+
+BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800\u180e")
+"""Letters and symbols that render as blank (Hangul fillers, the blank braille pattern)."""
+
+
+def _invisible(char: str) -> bool:
+    return char in BLANK_LETTERS or unicodedata.category(char) in INVISIBLE_CATEGORIES
+
+
 def validate_question(question: str) -> str:
-    """Reject empty and over-long questions before any work is done."""
+    """Reject empty (or only invisible characters) and over-long questions before any work is
+    done; return the question without surrounding blanks. The API and the CLI both use it."""
     text = (question or "").strip()
+    start, end = 0, len(text)
+    while start < end and _invisible(text[start]):
+        start += 1
+    while end > start and _invisible(text[end - 1]):
+        end -= 1
+    text = text[start:end]
     if not text:
         raise EmptyQuestionError("the question is empty")
     if len(text) > MAX_QUESTION_CHARS:
@@ -78,6 +100,7 @@ def _client(settings: Settings, model: str) -> StructuredClient:
         api_key=settings.openai_api_key,
         base_url=settings.openai_base_url,
         structured_method=settings.structured_output,
+        timeout_s=settings.llm_timeout_s,
     )
 
 
@@ -108,8 +131,46 @@ def build_strategy(
     return STRATEGIES[name](retriever, steps, k=settings.k, **options)
 
 
+class _Holders:
+    """How many turns hold or wait for a thread's lock."""
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.count = 0
+
+
+class ThreadLocks:
+    """One asyncio lock per conversation thread, so turns of one thread run one after another
+    (each reads the memory the previous one wrote); a lock is dropped as soon as no turn holds
+    or awaits it, so idle threads cost nothing."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, _Holders] = {}
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    @asynccontextmanager
+    async def hold(self, thread_id: str) -> AsyncIterator[None]:
+        """Run the block while holding the thread's lock."""
+        holders = self._held.setdefault(thread_id, _Holders())
+        holders.count += 1
+        try:
+            async with holders.lock:
+                yield
+        finally:
+            holders.count -= 1
+            if holders.count == 0:
+                del self._held[thread_id]
+
+
 class Pipeline:
-    """A compiled graph and the pieces it was built from."""
+    """A compiled graph and the pieces it was built from.
+
+    Turns of one thread are serialised (concurrent ones wait their turn), so every answered turn
+    is in the conversation's memory. The checkpointer is given, opened by `open_saver` on first
+    use (or by `open()`, at start-up), or a bounded in-memory one.
+    """
 
     def __init__(
         self,
@@ -118,40 +179,77 @@ class Pipeline:
         graph: Any | None = None,
         *,
         checkpointer: BaseCheckpointSaver[Any] | None = None,
+        open_saver: Callable[[], Awaitable[BaseCheckpointSaver[Any]]] | None = None,
         rewrite_follow_ups: bool = True,
         history_window: int = HISTORY_PAIRS,
     ) -> None:
         self.strategy = strategy
         self.steps = steps
-        self.checkpointer = checkpointer or make_checkpointer("memory")
-        self.graph = (
-            graph
-            if graph is not None
-            else build_graph(
-                strategy,
-                steps,
-                checkpointer=self.checkpointer,
-                rewrite_follow_ups=rewrite_follow_ups,
-                history_window=history_window,
-            )
+        self.rewrite_follow_ups = rewrite_follow_ups
+        self.history_window = history_window
+        self.locks = ThreadLocks()
+        self._open_saver = open_saver
+        self._opening = asyncio.Lock()
+        self.checkpointer: BaseCheckpointSaver[Any] | None = None
+        self.graph: Any | None = graph
+        if graph is not None:
+            self.checkpointer = getattr(graph, "checkpointer", None) or checkpointer
+        elif open_saver is None:
+            self._compile(checkpointer or make_checkpointer("memory"))
+
+    def _compile(self, checkpointer: BaseCheckpointSaver[Any]) -> None:
+        self.checkpointer = checkpointer
+        self.graph = build_graph(
+            self.strategy,
+            self.steps,
+            checkpointer=checkpointer,
+            rewrite_follow_ups=self.rewrite_follow_ups,
+            history_window=self.history_window,
         )
 
+    async def open(self) -> None:
+        """Open the conversation store now (a store that cannot be opened raises ConfigError)."""
+        if self.graph is not None:
+            return
+        async with self._opening:
+            if self.graph is None:
+                assert self._open_saver is not None
+                self._compile(await self._open_saver())
+
     async def aclose(self) -> None:
-        """Release the checkpointer's connection, if it has one."""
-        await close_checkpointer(self.checkpointer)
+        """Release the checkpointer's connection, if it has one (a store opened on demand is
+        opened again by the next turn)."""
+        if self.checkpointer is not None:
+            await close_checkpointer(self.checkpointer)
+        if self._open_saver is not None:
+            self.graph = self.checkpointer = None
+
+    async def history(self, thread_id: str) -> list[AnyMessage]:
+        """The messages the conversation's memory holds (empty for a thread never seen)."""
+        await self.open()
+        assert self.checkpointer is not None
+        saved = await self.checkpointer.aget_tuple({"configurable": {"thread_id": thread_id}})
+        if saved is None:
+            return []
+        return list(saved.checkpoint["channel_values"].get("messages", []))
 
     async def ask(
         self, question: str, thread_id: str | None = None, power: int | None = None
     ) -> AskResult:
         """Answer one turn on a thread (a new thread when none is given); `power` forces the
-        retrieval depth of strategies that have one (adaptive) for this turn only."""
+        retrieval depth of strategies that have one (adaptive) for this turn only. A turn waits
+        for any other turn of the same thread to finish first."""
         text = validate_question(question)
         thread = thread_id or str(uuid.uuid4())
+        await self.open()
+        graph = self.graph
+        assert graph is not None
         start = time.perf_counter()
-        out = await self.graph.ainvoke(
-            {"question": text, "messages": [HumanMessage(text)], "power": power},
-            {"configurable": {"thread_id": thread}},
-        )
+        async with self.locks.hold(thread):
+            out = await graph.ainvoke(
+                {"question": text, "messages": [HumanMessage(text)], "power": power},
+                {"configurable": {"thread_id": thread}},
+            )
         state = GraphState(**out)
         usage = [u for u in (state.rewrite_usage,) if u]
         usage += [u for hop in state.hops for u in hop.usage]
@@ -175,8 +273,20 @@ class Pipeline:
         )
 
 
+def retention_from_settings(settings: Settings) -> Retention:
+    """How long the settings keep conversations."""
+    return Retention(
+        memory_ttl_s=settings.memory_ttl_s,
+        memory_max_threads=settings.memory_max_threads,
+        sqlite_ttl_days=settings.sqlite_ttl_days,
+        prune_interval_s=settings.prune_interval_s,
+    )
+
+
 def build_pipeline(settings: Settings | None = None, *, ingest: bool = True) -> Pipeline:
-    """Open (and bring up to date) the index, then build LLM, strategy and graph from settings."""
+    """Open (and bring up to date) the index, then build LLM, strategy and graph from settings.
+    The conversation store is opened by `Pipeline.open()` (or the first turn), in the event loop
+    that will use it."""
     from caprag.ingest import ingest_path, open_index
 
     settings = settings or load_settings()
@@ -185,18 +295,7 @@ def build_pipeline(settings: Settings | None = None, *, ingest: bool = True) -> 
         ingest_path(settings.corpus, settings)
     index = open_index(settings)
     strategy = build_strategy(settings.retrieval_strategy, index, steps, settings)
-    return Pipeline(strategy, steps, checkpointer=make_checkpointer(settings.checkpointer))
-
-
-@functools.cache
-def default_pipeline() -> Pipeline:
-    """The process-wide pipeline built from the environment."""
-    return build_pipeline()
-
-
-async def ask_question(
-    question: str, thread_id: str | None = None, power: int | None = None
-) -> AskResult:
-    """Answer a question with the pipeline the environment configures."""
-    validate_question(question)
-    return await default_pipeline().ask(question, thread_id, power)
+    opener = functools.partial(
+        open_checkpointer, settings.checkpointer, retention_from_settings(settings)
+    )
+    return Pipeline(strategy, steps, open_saver=opener)

@@ -22,7 +22,8 @@ class GraphState:
     """State of one conversation thread; only `messages` accumulates across turns."""
 
     messages: Annotated[list[AnyMessage], add_messages] = field(default_factory=list)
-    """The conversation: user questions and assistant answers, kept whole by the checkpointer."""
+    """The conversation: user questions and assistant answers; each turn trims it to the history
+    window (the last 20 pairs, and a question still open), so a thread's memory stays bounded."""
 
     question: str = ""
     """The question as the user asked it this turn."""
