@@ -1,25 +1,54 @@
-"""The JSON API (`POST /api/ask`) and the chat page (`/`); `python -m caprag.api` serves both."""
+"""The JSON API (`POST /api/ask`) and the chat page (`/`); `python -m caprag.api` serves both.
+
+Every 4xx and 5xx answer is `{"error": "..."}`: validation (422), a cross-origin chat post (403),
+a body over CAPRAG_MAX_BODY_BYTES (413, refused unread), an unusable model answer or a failed LLM
+endpoint (502), an LLM call over its time limit (504), anything unexpected (500, the exception's
+type and message, never a traceback).
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import os
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 from uuid import UUID
 
-from fastapi import FastAPI, Form, Request
+from fastapi import Depends, FastAPI, Form, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field, field_validator
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from caprag import web
-from caprag.errors import CapragError, EmptyQuestionError, NoAnswerError
+from caprag.checkpoint import close_checkpointer, open_checkpointer
+from caprag.config import Settings, load_settings
+from caprag.errors import (
+    CapragError,
+    ConfigError,
+    EmptyQuestionError,
+    LLMTimeoutError,
+    NoAnswerError,
+    ThreadBusyError,
+)
 from caprag.schemas import CallUsage, Source
-from caprag.services import MAX_QUESTION_CHARS, AskResult, Pipeline, build_pipeline
+from caprag.services import (
+    MAX_QUESTION_CHARS,
+    AskResult,
+    Pipeline,
+    build_pipeline,
+    retention_from_settings,
+    validate_question,
+)
 from caprag.trace import HopTrace
 
 STATIC = Path(__file__).parent / "static"
@@ -37,9 +66,7 @@ class AskRequest(BaseModel):
     @field_validator("question")
     @classmethod
     def _not_blank(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("the question is empty")
-        return value.strip()
+        return validate_question(value)  # EmptyQuestionError is a ValueError: a 422
 
 
 class AskResponse(BaseModel):
@@ -88,7 +115,7 @@ def _explain(exc: RequestValidationError) -> str:
         where = ".".join(str(x) for x in error["loc"] if x != "body")
         message = str(error["msg"]).removeprefix("Value error, ")
         if error["type"] == "json_invalid":
-            message = "the request body is not valid JSON"
+            where, message = "", "the request body is not valid JSON"
         elif error["type"] == "uuid_parsing":
             message = "thread_id must be a UUID such as 123e4567-e89b-42d3-a456-426614174000"
         elif error["type"] == "string_too_long":
@@ -99,13 +126,154 @@ def _explain(exc: RequestValidationError) -> str:
     return "; ".join(parts)
 
 
-def create_app(pipeline: Pipeline | None = None) -> FastAPI:
-    """The app; without a pipeline one is built from the environment at start-up."""
-    state: dict[str, Pipeline] = {}
+@dataclass
+class Limits:
+    """What the server accepts (from settings; defaults until the settings are read)."""
+
+    max_body_bytes: int = 64 * 1024
+    allowed_origins: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Limits:
+        origins = (o.strip().rstrip("/").lower() for o in settings.allowed_origins.split(","))
+        return cls(settings.max_body_bytes, frozenset(o for o in origins if o))
+
+
+async def send_error(send: Send, status: int, message: str) -> None:
+    """Answer `{"error": message}` straight from ASGI (before the app has read anything)."""
+    body = json.dumps({"error": message}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class BodyLimit:
+    """Refuse a request body over the limit with 413 before the app buffers it: at once by its
+    Content-Length, or as soon as a chunked body's streamed bytes pass the limit."""
+
+    def __init__(self, app: ASGIApp, limits: Limits) -> None:
+        self.app = app
+        self.limits = limits
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.limits.max_body_bytes
+        too_large = f"the request body is larger than {limit} bytes"
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                await send_error(send, 400, "the Content-Length header is not a number")
+                return
+            if int(declared) > limit:
+                await send_error(send, 413, too_large)
+                return
+        received = 0
+        refused = False
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal received, refused
+            if refused:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    refused = True
+                    if not started:
+                        await send_error(send, 413, too_large)
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal started
+            if refused:
+                return  # the 413 is the answer; the app's reply to the cut body is dropped
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, guarded_send)
+        except Exception:
+            if not refused:
+                raise
+
+
+def _netloc(scheme: str, host: str) -> str:
+    """host[:port] in lower case with the scheme's default port left out."""
+    host = host.lower()
+    default = {"http": ":80", "https": ":443"}.get(scheme.lower())
+    return host.removesuffix(default) if default else host
+
+
+def check_origin(request: Request) -> None:
+    """Refuse a chat post from another site (403). A post without Origin comes from a non-browser
+    client (curl, scripts: browsers send Origin with every POST) and is let through."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        return
+    limits: Limits = request.app.state.limits
+    parts = urlsplit(origin)
+    host = request.headers.get("host", "")
+    if origin.rstrip("/").lower() in limits.allowed_origins:
+        return
+    if (
+        parts.scheme
+        and parts.netloc
+        and _netloc(parts.scheme, parts.netloc) == _netloc(parts.scheme, host)
+    ):
+        return
+    raise HTTPException(
+        403,
+        f"cross-origin post refused: Origin {origin} is not this server ({host}); "
+        "CAPRAG_ALLOWED_ORIGINS lists other origins allowed to post to /chat",
+    )
+
+
+def _http_message(exc: HTTPException, request: Request) -> str:
+    cause = exc.__cause__
+    if exc.status_code == 400 and isinstance(cause, UnicodeDecodeError):
+        return "the request body is not valid UTF-8"
+    if exc.status_code == 400 and isinstance(cause, RecursionError):
+        return "the request body is nested too deeply"
+    if exc.status_code == 404:
+        return f"not found: {request.url.path}"
+    if exc.status_code == 405:
+        headers = {k.lower(): v for k, v in (exc.headers or {}).items()}
+        allowed = headers.get("allow", "")
+        return f"method {request.method} not allowed on {request.url.path} (allowed: {allowed})"
+    return str(exc.detail)
+
+
+def _status(exc: CapragError) -> int:
+    if isinstance(exc, EmptyQuestionError):
+        return 422
+    if isinstance(exc, ThreadBusyError):
+        return 409
+    if isinstance(exc, LLMTimeoutError):
+        return 504
+    return 502
+
+
+def create_app(pipeline: Pipeline | None = None, settings: Settings | None = None) -> FastAPI:
+    """The app; without a pipeline one is built from the environment at start-up (and the limits
+    are read from the settings then)."""
+    state: dict[str, Pipeline] = {} if pipeline is None else {"pipeline": pipeline}
+    limits = Limits.from_settings(settings) if settings is not None else Limits()
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        state["pipeline"] = pipeline or build_pipeline()
+        if "pipeline" not in state:
+            read = load_settings()
+            state["pipeline"] = build_pipeline(read)
+            fresh = Limits.from_settings(read)
+            limits.max_body_bytes, limits.allowed_origins = (
+                fresh.max_body_bytes,
+                fresh.allowed_origins,
+            )
+        await state["pipeline"].open()
         yield
         await state["pipeline"].aclose()
 
@@ -114,20 +282,35 @@ def create_app(pipeline: Pipeline | None = None) -> FastAPI:
         description="Ask the rulebooks; conversations continue on a thread id.",
         lifespan=lifespan,
     )
+    app.state.limits = limits
+    app.add_middleware(BodyLimit, limits=limits)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse(status_code=422, content={"error": _explain(exc)})
 
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        return JSONResponse(
+            status_code=exc.status_code,
+            content={"error": _http_message(exc, request)},
+            headers=exc.headers,
+        )
+
     @app.exception_handler(CapragError)
     async def failed(_request: Request, exc: CapragError) -> JSONResponse:
-        code = 422 if isinstance(exc, EmptyQuestionError) else 502
-        return JSONResponse(status_code=code, content={"error": str(exc)})
+        return JSONResponse(status_code=_status(exc), content={"error": str(exc)})
+
+    @app.exception_handler(Exception)
+    async def crashed(_request: Request, exc: Exception) -> JSONResponse:
+        message = f"internal error: {type(exc).__name__}: {exc}"
+        return JSONResponse(status_code=500, content={"error": message})
 
     @app.post("/api/ask", response_model=AskResponse)
     async def ask(body: AskRequest) -> AskResponse:
-        """Answer a question; reuse the returned thread_id for follow-ups."""
+        """Answer a question; reuse the returned thread_id for follow-ups (turns of one thread
+        are answered one after another)."""
         thread = str(body.thread_id) if body.thread_id else None
         result = await state["pipeline"].ask(body.question, thread, body.power)
         if result.answer_error:
@@ -140,13 +323,13 @@ def create_app(pipeline: Pipeline | None = None) -> FastAPI:
         current = state["pipeline"]
         return web.page(current.strategy.name, current.steps.backend)
 
-    @app.post("/chat", response_class=HTMLResponse)
+    @app.post("/chat", response_class=HTMLResponse, dependencies=[Depends(check_origin)])
     async def chat(
         question: Annotated[str, Form(max_length=MAX_QUESTION_CHARS)],
         thread_id: Annotated[UUID, Form()],
         power: Annotated[Literal["auto", "1", "2", "3"], Form()] = "auto",
     ) -> str:
-        """One turn of the chat page, as an HTML fragment."""
+        """One turn of the chat page, as an HTML fragment (same-origin posts only)."""
         forced = None if power == "auto" else int(power)
         result = await state["pipeline"].ask(question, str(thread_id), forced)
         return web.turn(result)
@@ -163,16 +346,44 @@ def create_app(pipeline: Pipeline | None = None) -> FastAPI:
 app = create_app()
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Serve the API and page with uvicorn (127.0.0.1 unless told otherwise)."""
+def _port(value: str, source: str) -> int:
+    if not value.isdigit() or not 0 < int(value) < 65536:
+        raise ConfigError(f"{source}={value!r}: not a port number (1-65535)")
+    return int(value)
+
+
+async def _check_store(settings: Settings) -> None:
+    """Open the conversation store once (tables, pruning), so a bad one fails before serving."""
+    await close_checkpointer(
+        await open_checkpointer(settings.checkpointer, retention_from_settings(settings))
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve the API and page with uvicorn (127.0.0.1 unless told otherwise). Settings, index
+    and conversation store are checked first: a problem is one `error:` line and exit 2."""
+    parser = argparse.ArgumentParser(prog="python -m caprag.api", description=main.__doc__)
+    parser.add_argument("--host", default=None, help="default CAPRAG_HOST or 127.0.0.1")
+    parser.add_argument("--port", default=None, help="default CAPRAG_PORT or 8000")
+    args = parser.parse_args(argv)
+    try:
+        host = args.host or os.environ.get("CAPRAG_HOST", "127.0.0.1")
+        if args.port is not None:
+            port = _port(args.port, "--port")
+        else:
+            port = _port(os.environ.get("CAPRAG_PORT", "8000"), "CAPRAG_PORT")
+        settings = load_settings()
+        asyncio.run(_check_store(settings))
+        pipeline = build_pipeline(settings)
+    except (CapragError, OSError) as exc:  # OSError: a corpus or store path that cannot be used
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
     import uvicorn
 
-    parser = argparse.ArgumentParser(prog="python -m caprag.api", description=main.__doc__)
-    parser.add_argument("--host", default=os.environ.get("CAPRAG_HOST", "127.0.0.1"))
-    parser.add_argument("--port", type=int, default=int(os.environ.get("CAPRAG_PORT", "8000")))
-    args = parser.parse_args(argv)
-    uvicorn.run("caprag.api:app", host=args.host, port=args.port, log_level="info")
+    uvicorn.run(create_app(pipeline, settings), host=host, port=port, log_level="info")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -53,7 +53,9 @@ PAGE = """<!doctype html>
   document.body.addEventListener("htmx:responseError", (e) => {{
     const box = document.createElement("div");
     box.className = "turn error";
-    box.textContent = e.detail.xhr.responseText;
+    let said = e.detail.xhr.responseText;  // every error is {{"error": "..."}}
+    try {{ said = JSON.parse(said).error || said; }} catch (_) {{}}
+    box.textContent = `error ${{e.detail.xhr.status}}: ${{said}}`;
     document.getElementById("conversation").appendChild(box);
   }});
 </script>

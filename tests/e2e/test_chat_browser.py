@@ -61,4 +61,9 @@ def test_ask_and_follow_up_in_the_browser(tmp_path: Path) -> None:
         assert page.locator("#thread_id").input_value() == thread
         SHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SHOTS / "chat.png"), full_page=True)
+        page.fill("input[name=question]", "\u200b\u200c\ufeff")  # only invisible characters
+        page.click("button[type=submit]")
+        expect(page.locator(".turn.error")).to_have_text(
+            "error 422: the question is empty", timeout=60_000
+        )
         browser.close()
