@@ -199,3 +199,24 @@ def test_a_plain_text_call_retries_an_unreadable_reply() -> None:
         text, _usage = asyncio.run(llm.text("rewrite", REWRITE, question="q", history="h"))
     assert text == "standalone"
     assert len(stub.requests) == 2
+
+
+def test_a_hung_endpoint_answers_504_from_the_api_within_the_configured_bound(
+    fixture_index: PassageIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe: a hung endpoint held an API request 243 s (60 s x 4 attempts + backoff)."""
+    from fastapi.testclient import TestClient
+
+    from caprag.api import create_app
+    from caprag.config import load_settings
+    from caprag.services import steps_from_settings
+
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    monkeypatch.setenv("CAPRAG_LLM_TIMEOUT_S", "0.5")
+    with OpenAIStub(default={"hang": True}) as stub:
+        steps = steps_from_settings(load_settings(llm="openai", openai_base_url=stub.base_url))
+        app = create_app(Pipeline(STRATEGIES["single"](fixture_index, steps, k=2), steps))
+        with TestClient(app) as client:
+            reply = client.post("/api/ask", json={"question": "What does Rapid Strike do?"})
+    assert reply.status_code == 504
+    assert "did not finish within 0.5 s" in reply.json()["error"]
