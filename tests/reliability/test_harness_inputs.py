@@ -194,7 +194,7 @@ def test_adaptive_settings_that_do_not_fit_together_are_a_config_error(tmp_path:
         (
             "tracking.uri=garbage://x",
             "tracking.uri='garbage://x' is not allowed: expected "
-            "sqlite:///PATH, file:PATH, a plain folder path, http(s)://HOST[:PORT] or databricks",
+            "sqlite:///PATH, file:PATH, a plain folder path, http(s)://HOST[:PORT], postgresql",
         ),
     ],
 )
