@@ -8,10 +8,10 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tqdm import tqdm
 
@@ -88,10 +88,61 @@ class IngestReport:
         )
 
 
-def _write_json(path: Path, data: Any) -> None:
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON atomically (a reader never sees half a file)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False), encoding="utf-8")
     os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def folder_lock(folder: Path, name: str) -> Iterator[None]:
+    """One holder at a time per folder and name, across processes (sweep jobs share a store)."""
+    with (folder / f".{name}.lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def manifest_entry(book: Book, children: int) -> dict[str, Any]:
+    """What a manifest records of an indexed book: its hash, source, counts and metadata."""
+    meta = book.meta
+    return {
+        "hash": book.content_hash,
+        "source": str(book.path),
+        "passages": len(book.passages),
+        "children": children,
+        "meta": {
+            "book_id": meta.book_id,
+            "short": meta.short,
+            "title": meta.title,
+            "edition": meta.edition,
+            "published": meta.published.isoformat(),
+        },
+    }
+
+
+def find_book(books: Mapping[str, Mapping[str, Any]], short: str) -> str | None:
+    """Book id for a short name, id or title used in citations ('Combat' → 'combat')."""
+    wanted = short.strip().lower()
+    for book_id, meta in books.items():
+        if wanted in (meta["short"].lower(), book_id.lower(), meta["title"].lower()):
+            return book_id
+    return None
+
+
+def split_citation(
+    query: str, book_by_short: Callable[[str], str | None]
+) -> tuple[str, str | None, int | None]:
+    """The query without its first known '(Short, p. N)' citation, that book's id and the page."""
+    for short, page, offset in iter_citations(query):
+        book_id = book_by_short(short)
+        if book_id:
+            text = query[:offset].strip(" ,;:-") or query
+            return text, book_id, page
+    return query, None, None
 
 
 class PassageIndex:
@@ -174,11 +225,7 @@ class PassageIndex:
 
     def book_by_short(self, short: str) -> str | None:
         """Book id for a short name used in citations ('Combat' → 'combat')."""
-        wanted = short.strip().lower()
-        for book_id, meta in self.books().items():
-            if wanted in (meta["short"].lower(), book_id.lower(), meta["title"].lower()):
-                return book_id
-        return None
+        return find_book(self.books(), short)
 
     # ----- ingest ---------------------------------------------------------------------------
 
@@ -189,15 +236,9 @@ class PassageIndex:
         with self._lock(f"ingest-{self.key}"):
             return self._ingest(books, prune=prune, progress=progress)
 
-    @contextlib.contextmanager
-    def _lock(self, name: str) -> Iterator[None]:
+    def _lock(self, name: str) -> contextlib.AbstractContextManager[None]:
         """One holder at a time per store, across processes (parallel sweep jobs share a store)."""
-        with (self.path / f".{name}.lock").open("w") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        return folder_lock(self.path, name)
 
     def _ingest(self, books: Sequence[Book], *, prune: bool, progress: bool) -> IngestReport:
         start = time.perf_counter()
@@ -212,7 +253,7 @@ class PassageIndex:
                 self._parents_file(book_id).unlink(missing_ok=True)
                 del manifest[book_id]
                 report.removed.append(book_id)
-            _write_json(self._manifest_path, manifest)
+            write_json(self._manifest_path, manifest)
         total = sum(len(b.passages) for b in todo)
         bar = tqdm(total=total, unit="passage", desc="ingest", disable=not progress or not total)
         for book in todo:
@@ -228,7 +269,7 @@ class PassageIndex:
         book_id = book.meta.book_id
         # 1. Forget the book first: a crash before step 4 leaves it marked as not ingested.
         manifest.pop(book_id, None)
-        _write_json(self._manifest_path, manifest)
+        write_json(self._manifest_path, manifest)
         self._collection.delete(where={"book_id": book_id})
         # 2. Embed and add the children, a batch of passages at a time.
         children = 0
@@ -253,23 +294,10 @@ class PassageIndex:
             bar.update(len(batch))
         # 3. Store the parents.
         rows = [passage_to_document(p).model_dump() for p in book.passages]
-        _write_json(self._parents_file(book_id), rows)
+        write_json(self._parents_file(book_id), rows)
         # 4. Record the book as done.
-        meta = book.meta
-        manifest[book_id] = {
-            "hash": book.content_hash,
-            "source": str(book.path),
-            "passages": len(book.passages),
-            "children": children,
-            "meta": {
-                "book_id": book_id,
-                "short": meta.short,
-                "title": meta.title,
-                "edition": meta.edition,
-                "published": meta.published.isoformat(),
-            },
-        }
-        _write_json(self._manifest_path, manifest)
+        manifest[book_id] = manifest_entry(book, children)
+        write_json(self._manifest_path, manifest)
         report.added.append(book_id)
         report.passages += len(book.passages)
         report.children += children
@@ -320,12 +348,13 @@ class PassageIndex:
         ]
 
     def _split_citation(self, query: str) -> tuple[str, str | None, int | None]:
-        for short, page, offset in iter_citations(query):
-            book_id = self.book_by_short(short)
-            if book_id:
-                text = query[:offset].strip(" ,;:-") or query
-                return text, book_id, page
-        return query, None, None
+        return split_citation(query, self.book_by_short)
+
+
+class ScopedSearch(Protocol):
+    """An index that can search within a set of parent passages (None: all of them)."""
+
+    def _search(self, query: str, k: int, within: Sequence[str] | None) -> list[Document]: ...
 
 
 class RestrictedIndex:
@@ -336,7 +365,7 @@ class RestrictedIndex:
     whatever of them survives a global top k.
     """
 
-    def __init__(self, index: PassageIndex, passage_ids: Iterable[str]) -> None:
+    def __init__(self, index: ScopedSearch, passage_ids: Iterable[str]) -> None:
         self.index = index
         self.passage_ids = tuple(dict.fromkeys(passage_ids))
 

@@ -1,0 +1,293 @@
+"""BM25 over the parent passages (bm25s + PyStemmer), persisted beside the vector store.
+
+The index is rebuilt whenever the set of books (their content hashes) changes and loaded as saved
+otherwise: bm25s has no incremental add, and rebuilding takes seconds even for 100k passages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from caprag.books import Book
+from caprag.errors import VectorStoreError
+from caprag.schemas import Document
+from caprag.store import (
+    PAGE_BOOST,
+    IngestReport,
+    RestrictedIndex,
+    find_book,
+    folder_lock,
+    manifest_entry,
+    passage_to_document,
+    split_citation,
+    write_json,
+)
+
+CURRENT = "current.json"
+"""Names the folder of the index in use and the corpus signature it was built from."""
+
+
+def corpus_signature(manifest: dict[str, Any]) -> str:
+    """sha256 (16 hex) over the indexed books and their content hashes."""
+    pairs = sorted((book_id, entry["hash"]) for book_id, entry in manifest.items())
+    return hashlib.sha256(json.dumps(pairs).encode()).hexdigest()[:16]
+
+
+def _tokenizer(language: str) -> Any:
+    import bm25s
+    import Stemmer
+
+    return bm25s.tokenization.Tokenizer(stemmer=Stemmer.Stemmer(language), stopwords="en")
+
+
+@dataclass
+class _Loaded:
+    """A built or loaded BM25 index and what each of its rows is."""
+
+    retriever: Any
+    tokenizer: Any
+    passage_ids: list[str]
+    books: np.ndarray
+    pages: np.ndarray
+    lock: threading.Lock
+
+    def rows_of(self, passage_ids: Iterable[str]) -> np.ndarray:
+        """A mask of the rows holding the given passages."""
+        mask = np.zeros(len(self.passage_ids), dtype=bool)
+        mask[[self.position[pid] for pid in passage_ids if pid in self.position]] = True
+        return mask
+
+    @property
+    def position(self) -> dict[str, int]:
+        """Row of each passage id."""
+        if not hasattr(self, "_position"):
+            self._position = {pid: row for row, pid in enumerate(self.passage_ids)}
+        return self._position
+
+    def query_ids(self, text: str) -> list[int]:
+        """Token ids of the query in the index's own vocabulary (unknown terms dropped)."""
+        with self.lock:  # the tokenizer caches stems in dicts it shares between threads
+            ids: list[list[int]] = self.tokenizer.tokenize(
+                [text], update_vocab=False, return_as="ids", show_progress=False, allow_empty=False
+            )
+        return ids[0]
+
+
+class BM25Index:
+    """Okapi BM25 over whole sections, with the same search interface as PassageIndex."""
+
+    def __init__(self, store: Path | str, language: str = "english") -> None:
+        self.store = Path(store)
+        self.language = language
+        self.key = f"bm25-{language}"
+        """Tokenisation: each language is its own folder, manifest and index."""
+        self.path = self.store / "bm25" / language
+        if self.store.exists() and not self.store.is_dir():
+            raise VectorStoreError(f"vector store path {self.store} is a file, not a folder")
+        try:
+            (self.path / "parents").mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise VectorStoreError(
+                f"cannot use store folder {self.path}: {exc.strerror or exc}"
+                " (set CAPRAG_CHROMA_DIR to a writable folder)"
+            ) from None
+        self._parents: dict[str, Document] | None = None
+        self._loaded: _Loaded | None = None
+        self.tokenised = 0
+        """Passages this object tokenised to build an index (0 while it only loaded saved ones)."""
+        self.build_seconds = 0.0
+        """Time this object spent building (tokenising + indexing + saving)."""
+
+    # ----- manifest and parents -------------------------------------------------------------
+
+    @property
+    def _manifest_path(self) -> Path:
+        return self.path / "manifest.json"
+
+    def manifest(self) -> dict[str, Any]:
+        """Books in the index: id → hash, source path, counts, metadata."""
+        if not self._manifest_path.exists():
+            return {}
+        data: dict[str, Any] = json.loads(self._manifest_path.read_text(encoding="utf-8"))
+        return data
+
+    def _parents_file(self, book_id: str) -> Path:
+        return self.path / "parents" / f"{book_id}.json"
+
+    def parents(self) -> dict[str, Document]:
+        """Every indexed passage by id (read once, cached)."""
+        if self._parents is None:
+            loaded: dict[str, Document] = {}
+            for book_id in self.manifest():
+                file = self._parents_file(book_id)
+                if file.exists():
+                    for row in json.loads(file.read_text(encoding="utf-8")):
+                        doc = Document.model_validate(row)
+                        loaded[doc.passage_id] = doc
+            self._parents = loaded
+        return self._parents
+
+    def books(self) -> dict[str, dict[str, Any]]:
+        """Metadata of each indexed book, keyed by book id."""
+        return {book_id: entry["meta"] for book_id, entry in self.manifest().items()}
+
+    def book_by_short(self, short: str) -> str | None:
+        """Book id for a short name used in citations ('Combat' → 'combat')."""
+        return find_book(self.books(), short)
+
+    # ----- ingest ---------------------------------------------------------------------------
+
+    def ingest(
+        self, books: Sequence[Book], *, prune: bool = False, progress: bool = True
+    ) -> IngestReport:
+        """Store new or changed books' passages (by content hash), then rebuild BM25 if the
+        corpus changed; `progress` is accepted for PassageIndex's signature (BM25 is quick)."""
+        start = time.perf_counter()
+        report = IngestReport()
+        with folder_lock(self.path, "ingest"):
+            manifest = self.manifest()
+            todo = [
+                b for b in books if manifest.get(b.meta.book_id, {}).get("hash") != b.content_hash
+            ]
+            report.skipped = [b.meta.book_id for b in books if b not in todo]
+            if prune:
+                wanted = {b.meta.book_id for b in books}
+                for book_id in sorted(set(manifest) - wanted):
+                    self._parents_file(book_id).unlink(missing_ok=True)
+                    del manifest[book_id]
+                    report.removed.append(book_id)
+            for book in todo:
+                rows = [passage_to_document(p).model_dump() for p in book.passages]
+                write_json(self._parents_file(book.meta.book_id), rows)
+                manifest[book.meta.book_id] = manifest_entry(book, 0)
+                report.added.append(book.meta.book_id)
+                report.passages += len(book.passages)
+            write_json(self._manifest_path, manifest)
+            self._parents = None
+            self._loaded = self._open(manifest)
+        report.seconds = time.perf_counter() - start
+        return report
+
+    def _current(self) -> dict[str, Any]:
+        file = self.path / CURRENT
+        if not file.exists():
+            return {}
+        data: dict[str, Any] = json.loads(file.read_text(encoding="utf-8"))
+        return data
+
+    def _open(self, manifest: dict[str, Any]) -> _Loaded | None:
+        """The saved index if it fits the manifest, else a fresh build (caller holds the lock)."""
+        signature = corpus_signature(manifest)
+        current = self._current()
+        folder = self.path / str(current.get("folder", ""))
+        if current.get("signature") == signature and (folder / "passages.json").exists():
+            return self._load(folder)
+        return self._build(signature)
+
+    def _build(self, signature: str) -> _Loaded | None:
+        import bm25s
+
+        start = time.perf_counter()
+        parents = self.parents()
+        ids = sorted(parents)
+        folder = self.path / f"index-{signature}"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        if ids:
+            tokenizer = _tokenizer(self.language)
+            corpus = [f"{parents[pid].section}\n{parents[pid].text}" for pid in ids]
+            tokens = tokenizer.tokenize(
+                corpus, update_vocab=True, return_as="tuple", show_progress=False
+            )
+            retriever = bm25s.BM25()
+            retriever.index(tokens, show_progress=False)
+            retriever.save(str(folder))
+            tokenizer.save_vocab(str(folder))
+            tokenizer.save_stopwords(str(folder))
+            self.tokenised += len(ids)
+        write_json(folder / "passages.json", ids)
+        old = self._current().get("folder")
+        write_json(self.path / CURRENT, {"signature": signature, "folder": folder.name})
+        if old and old != folder.name:
+            shutil.rmtree(self.path / str(old), ignore_errors=True)
+        self.build_seconds += time.perf_counter() - start
+        return self._load(folder)
+
+    def _load(self, folder: Path) -> _Loaded | None:
+        import bm25s
+
+        ids: list[str] = json.loads((folder / "passages.json").read_text(encoding="utf-8"))
+        parents = self.parents()
+        if not ids or any(pid not in parents for pid in ids):
+            return None
+        retriever = bm25s.BM25.load(str(folder), mmap=True, show_progress=False)
+        tokenizer = _tokenizer(self.language)
+        tokenizer.load_vocab(str(folder))
+        tokenizer.load_stopwords(str(folder))
+        return _Loaded(
+            retriever,
+            tokenizer,
+            ids,
+            np.array([parents[pid].book_id for pid in ids], dtype=object),
+            np.array([parents[pid].page for pid in ids]),
+            threading.Lock(),
+        )
+
+    def _index(self) -> _Loaded | None:
+        """The index for the current manifest, loaded on first use (built if missing or stale)."""
+        if self._loaded is None:
+            with folder_lock(self.path, "ingest"):
+                self._loaded = self._open(self.manifest())
+        return self._loaded
+
+    # ----- search ---------------------------------------------------------------------------
+
+    def search(self, query: str, k: int) -> list[Document]:
+        """Top-k parent passages; a '(Short, p. N)' citation in the query narrows the search."""
+        return self._search(query, k, None)
+
+    def restricted(self, passage_ids: Iterable[str]) -> RestrictedIndex:
+        """A retriever over this index that only ever returns the given parent passages."""
+        return RestrictedIndex(self, passage_ids)
+
+    def _search(self, query: str, k: int, within: Sequence[str] | None) -> list[Document]:
+        """Scores are BM25 divided by the best allowed passage's (so 1.0 is the top match), plus
+        PAGE_BOOST on the cited page; only passages sharing a term with the query are returned."""
+        text, book_id, page = split_citation(query, self.book_by_short)
+        loaded = self._index()
+        if loaded is None or k < 1 or (within is not None and not within):
+            return []
+        token_ids = loaded.query_ids(text or query)
+        if not token_ids:
+            return []
+        scores = np.asarray(loaded.retriever.get_scores_from_ids(token_ids), dtype=float)
+        allowed = scores > 0
+        if book_id:
+            allowed &= loaded.books == book_id
+        if within is not None:
+            allowed &= loaded.rows_of(within)
+        rows = np.flatnonzero(allowed)
+        if not rows.size:
+            return []
+        final = scores[rows] / scores[rows].max()
+        if page is not None:
+            final = final + PAGE_BOOST * (loaded.pages[rows] == page)
+        # Rows are in passage-id order, so ties go to the smaller id (as in the dense index).
+        order = np.lexsort((rows, -final))[:k]
+        parents = self.parents()
+        return [
+            parents[loaded.passage_ids[rows[i]]].model_copy(
+                update={"score": round(float(final[i]), 6)}
+            )
+            for i in order
+        ]
