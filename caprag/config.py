@@ -16,6 +16,7 @@ BUNDLED_CORPUS = PROJECT_ROOT / "datasets" / "books"
 StrategyName = Literal["adaptive", "multi-hop", "multi-question", "single"]
 LLMName = Literal["offline", "openai"]
 EmbeddingName = Literal["minilm", "wordllama"]
+RetrieverName = Literal["dense", "bm25", "hybrid"]
 StructuredMethod = Literal["function_calling", "json_schema", "json_mode"]
 StepChoice = Literal["auto", "rule", "llm"]
 
@@ -72,6 +73,11 @@ class Settings(BaseSettings):
     )
     embedding: EmbeddingName = Field(
         "minilm", validation_alias=AliasChoices("CAPRAG_EMBEDDING", "embedding")
+    )
+    retriever: RetrieverName = Field(
+        "dense",
+        validation_alias=AliasChoices("CAPRAG_RETRIEVER", "retriever"),
+        description="dense (embeddings), bm25 (lexical) or hybrid (the two fused by RRF).",
     )
     k: int = Field(8, ge=1, le=100, validation_alias=AliasChoices("CAPRAG_K", "k"))
     max_hops: int = Field(
@@ -160,6 +166,7 @@ ENV_NAMES = {
     "retrieval_strategy": "RETRIEVAL_STRATEGY",
     "llm": "CAPRAG_LLM",
     "embedding": "CAPRAG_EMBEDDING",
+    "retriever": "CAPRAG_RETRIEVER",
     "structured_output": "CAPRAG_STRUCTURED_OUTPUT",
     "k": "CAPRAG_K",
     "max_hops": "CAPRAG_MAX_HOPS",

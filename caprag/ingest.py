@@ -4,28 +4,46 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from caprag.books import load_books
 from caprag.config import Settings, load_settings
 from caprag.embeddings import get_embedder
 from caprag.errors import CapragError
+from caprag.hybrid import HybridIndex
+from caprag.lexical import BM25Index
 from caprag.store import IngestReport, PassageIndex
+
+Index = PassageIndex | BM25Index | HybridIndex
+"""The retrievers CAPRAG_RETRIEVER chooses between (one search/restricted/parents interface)."""
 
 
 def open_index(settings: Settings) -> PassageIndex:
-    """Open the passage index the settings point at."""
+    """Open the dense passage index the settings point at (CAPRAG_EMBEDDING)."""
     return PassageIndex(settings.chroma_dir, get_embedder(settings.embedding))
 
 
+OPENERS: dict[str, Callable[[Settings], Index]] = {
+    "dense": open_index,
+    "bm25": lambda s: BM25Index(s.chroma_dir),
+    "hybrid": lambda s: HybridIndex(open_index(s), BM25Index(s.chroma_dir)),
+}
+
+
+def open_retriever(settings: Settings) -> Index:
+    """Open the index CAPRAG_RETRIEVER chooses: dense, bm25 or hybrid (both, fused)."""
+    return OPENERS[settings.retriever](settings)
+
+
 def ingest_path(path: Path | str, settings: Settings, *, prune: bool = False) -> IngestReport:
-    """Parse every book under path, then add what changed to the index.
+    """Parse every book under path, then add what changed to the index CAPRAG_RETRIEVER uses.
 
     Raises BookFormatError (file:line) for any book that cannot be read or parsed, CapragError for
     a folder without books and FileNotFoundError for a missing path: no book is skipped.
     """
     books = load_books(path)
-    return open_index(settings).ingest(books, prune=prune)
+    return open_retriever(settings).ingest(books, prune=prune)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -284,16 +284,16 @@ def retention_from_settings(settings: Settings) -> Retention:
 
 
 def build_pipeline(settings: Settings | None = None, *, ingest: bool = True) -> Pipeline:
-    """Open (and bring up to date) the index, then build LLM, strategy and graph from settings.
-    The conversation store is opened by `Pipeline.open()` (or the first turn), in the event loop
-    that will use it."""
-    from caprag.ingest import ingest_path, open_index
+    """Open (and bring up to date) the index CAPRAG_RETRIEVER chooses, then build LLM, strategy
+    and graph from settings. The conversation store is opened by `Pipeline.open()` (or the first
+    turn), in the event loop that will use it."""
+    from caprag.ingest import ingest_path, open_retriever
 
     settings = settings or load_settings()
     steps = steps_from_settings(settings)
     if ingest:
         ingest_path(settings.corpus, settings)
-    index = open_index(settings)
+    index = open_retriever(settings)
     strategy = build_strategy(settings.retrieval_strategy, index, steps, settings)
     opener = functools.partial(
         open_checkpointer, settings.checkpointer, retention_from_settings(settings)
