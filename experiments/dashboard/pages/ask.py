@@ -20,6 +20,7 @@ from experiments.dashboard.trace_view import render_trace, trace_from_result
 
 DEFAULT_STRATEGY = "multi-hop"
 STRATEGY_NAMES = [DEFAULT_STRATEGY, *sorted(set(STRATEGIES) - {DEFAULT_STRATEGY})]
+RETRIEVERS = {"dense": "dense (embeddings)", "bm25": "bm25 (lexical)", "hybrid": "hybrid (RRF)"}
 TIMEOUT_S = 300
 
 
@@ -63,8 +64,18 @@ def step_choices(llm: str) -> dict[str, str]:
 
 st.title("Ask")
 backends = ["offline", "openai"] if os.environ.get("OPENAI_API_KEY") else ["offline"]
-left, right = st.columns(2)
+default_retriever = os.environ.get("CAPRAG_RETRIEVER", "dense")
+left, middle, right = st.columns(3)
 strategy = left.selectbox("Strategy", STRATEGY_NAMES, key="ask_strategy")
+retriever = middle.selectbox(
+    "Retriever",
+    list(RETRIEVERS),
+    index=list(RETRIEVERS).index(default_retriever) if default_retriever in RETRIEVERS else 0,
+    key="ask_retriever",
+    format_func=RETRIEVERS.__getitem__,
+    help="dense: embedded chunks; bm25: word matches (stemmed); hybrid: both, fused by "
+    "reciprocal rank. A retriever not used before indexes the books on first use.",
+)
 llm = right.selectbox(
     "LLM backend", backends, key="ask_llm", help="openai is offered when OPENAI_API_KEY is set"
 )
@@ -72,7 +83,7 @@ with st.expander("Steps: rule or model for each"):
     steps = step_choices(llm)
 settings: Settings | None = None
 try:
-    settings = load_settings(retrieval_strategy=strategy, llm=llm, **steps)
+    settings = load_settings(retrieval_strategy=strategy, retriever=retriever, llm=llm, **steps)
 except CapragError as exc:
     st.error(f"{type(exc).__name__}: {exc}")
     if llm != "openai" and "llm" in steps.values():
@@ -104,6 +115,7 @@ if go.button("Ask", type="primary", key="ask_go", disabled=settings is None):
         view = trace_from_result(result, sections)
         st.session_state["ask_result"] = (view, result)
         st.session_state["ask_steps"] = built.steps.describe()
+        st.session_state["ask_used_retriever"] = retriever
     except CapragError as exc:
         st.error(f"{type(exc).__name__}: {exc}")
     except TimeoutError:
@@ -114,7 +126,9 @@ if stored is None:
 else:
     view, result = stored
     st.caption(
-        f"{result.strategy} · {result.hop_count} hop(s) · {result.prompt_tokens} prompt + "
+        f"{result.strategy} · {result.hop_count} hop(s) · "
+        f"{st.session_state.get('ask_used_retriever', '?')} retriever · "
+        f"{result.prompt_tokens} prompt + "
         f"{result.completion_tokens} completion tokens · ${result.cost_usd:.6f} · "
         f"{result.latency_s:.2f} s · steps chosen: {st.session_state.get('ask_steps', '?')}"
     )
