@@ -46,7 +46,7 @@ class RecordError(Exception):
     def __init__(self, where: str, expected: str) -> None:
         self.where = where
         self.expected = expected
-        super().__init__(f"field {where!r}: {expected}")
+        super().__init__(f"field {where!r}: {expected}" if where else expected)
 
 
 class Skip(Exception):
@@ -94,7 +94,7 @@ class Fields:
 
     def __init__(self, value: object, path: str = "") -> None:
         if not isinstance(value, dict):
-            raise RecordError(path or "record", f"expected an object, found {_kind(value)}")
+            raise RecordError(path, f"expected an object, found {_kind(value)}")
         self.value: dict[str, Any] = value
         self.path = path
 
@@ -509,11 +509,16 @@ def load_jsonl(path: Path) -> list[Any]:
         if not line.strip():
             continue
         try:
-            values.append(json.loads(line))
+            value = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ImportFailed(
                 f"{path}: line {number}, column {exc.colno}: not valid JSON ({exc.msg})"
             ) from None
+        if not isinstance(value, dict):
+            raise ImportFailed(
+                f"{path}: line {number}: expected one JSON object per line, found {_kind(value)}"
+            )
+        values.append(value)
     return values
 
 
