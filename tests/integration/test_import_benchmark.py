@@ -266,6 +266,13 @@ def test_cli_writes_a_summary_and_overwrites_cleanly(tmp_path: Path) -> None:
     assert sorted(p.name for p in out.parent.iterdir()) == ["musique.jsonl"]
 
 
+def test_limit_converts_the_first_usable_records(tmp_path: Path) -> None:
+    records = imported(tmp_path, "2wikimultihopqa", str(TWOWIKI), "--limit", "2")
+    assert [r["type"] for r in records] == ["comparison", "compositional"]
+    done = run_cli("hotpotqa", str(HOTPOTQA), "--limit", "0", "-o", str(tmp_path / "x.jsonl"))
+    assert done.returncode == 2 and "--limit must be at least 1" in done.stderr
+
+
 def test_cli_errors_are_one_line_and_leave_the_output_alone(tmp_path: Path) -> None:
     out = tmp_path / "out.jsonl"
     out.write_text("the previous import\n", encoding="utf-8")
