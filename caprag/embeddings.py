@@ -94,7 +94,8 @@ class MiniLMEmbedder(Embedder):
         if not texts:
             return out
         tokens = [e.ids for e in self.tokenizer.encode_batch(texts)]
-        order = sorted(range(len(texts)), key=lambda i: len(tokens[i]))
+        # Longest first: the threads finish together instead of one waiting on a long text.
+        order = sorted(range(len(texts)), key=lambda i: -len(tokens[i]))
         groups = [order[s : s + self.batch_size] for s in range(0, len(order), self.batch_size)]
         results: Iterable[FloatArray]
         if len(groups) == 1 or self.workers == 1:
