@@ -9,6 +9,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -21,6 +22,8 @@ from caprag.errors import VectorStoreError
 from caprag.schemas import Document
 
 CHILD_CHARS = 420
+INGEST_BATCH = 32
+"""Passages embedded per call (their children sorted by length across the encoder's threads)."""
 SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z(\"'])")
 PAGE_BOOST = 0.25
 
@@ -272,26 +275,8 @@ class PassageIndex:
         write_json(self._manifest_path, manifest)
         self._collection.delete(where={"book_id": book_id})
         # 2. Embed and add the children, a batch of passages at a time.
-        children = 0
-        batch_size = 16
-        for start in range(0, len(book.passages), batch_size):
-            batch = book.passages[start : start + batch_size]
-            ids: list[str] = []
-            texts: list[str] = []
-            metas: list[dict[str, str | int | float | bool]] = []
-            for passage in batch:
-                for number, text in enumerate(split_children(passage, self.child_chars)):
-                    ids.append(f"{passage.passage_id}#{number}")
-                    texts.append(text)
-                    metas.append(
-                        {"book_id": book_id, "page": passage.page, "parent_id": passage.passage_id}
-                    )
-            vectors = self.embedder.embed(texts)
-            self._collection.add(
-                ids=ids, embeddings=vectors.tolist(), documents=texts, metadatas=metas
-            )
-            children += len(ids)
-            bar.update(len(batch))
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="chroma-add") as writer:
+            children = self._embed_and_add(book, writer, bar)
         # 3. Store the parents.
         rows = [passage_to_document(p).model_dump() for p in book.passages]
         write_json(self._parents_file(book_id), rows)
@@ -301,6 +286,44 @@ class PassageIndex:
         report.added.append(book_id)
         report.passages += len(book.passages)
         report.children += children
+
+    def _embed_and_add(self, book: Book, writer: ThreadPoolExecutor, bar: tqdm[Any]) -> int:
+        """Embed the book's children batch by batch; each batch is written to Chroma in the
+        writer thread while the next is embedded (the write is serial work the embedder's
+        threads would otherwise wait for). Returns the children added, once all are written."""
+        children = 0
+        writing: Future[None] | None = None
+        for start in range(0, len(book.passages), INGEST_BATCH):
+            batch = book.passages[start : start + INGEST_BATCH]
+            ids: list[str] = []
+            texts: list[str] = []
+            metas: list[dict[str, str | int | float | bool]] = []
+            for passage in batch:
+                for number, text in enumerate(split_children(passage, self.child_chars)):
+                    ids.append(f"{passage.passage_id}#{number}")
+                    texts.append(text)
+                    metas.append(
+                        {
+                            "book_id": book.meta.book_id,
+                            "page": passage.page,
+                            "parent_id": passage.passage_id,
+                        }
+                    )
+            vectors = self.embedder.embed(texts)
+            if writing is not None:
+                writing.result()  # one write in flight; its error surfaces here
+            writing = writer.submit(
+                self._collection.add,
+                ids=ids,
+                embeddings=vectors.tolist(),
+                documents=texts,
+                metadatas=metas,
+            )
+            children += len(ids)
+            bar.update(len(batch))
+        if writing is not None:
+            writing.result()
+        return children
 
     # ----- search ---------------------------------------------------------------------------
 
