@@ -387,6 +387,9 @@ def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
     variant = f" power={cfg.strategy.power}" if "power" in cfg.strategy else ""
     backend = ("llm" if client_config(cfg) else "offline") if dry else parts.steps.backend
     name = f"{cfg.experiment.name}:{strategy.name}{variant}:{parts.dataset.name}:{backend}"
+    retriever = retriever_label(cfg)
+    if retriever != DEFAULT_RETRIEVER:
+        name += f":{retriever}"
     repeats = max(1, int(cfg.experiment.repeats))
     if dry:
         pipelines = evaluator_for(cfg, parts, parts.steps)
@@ -563,12 +566,24 @@ class RunIdentity:
         journal.close(remove=True)
 
 
+DEFAULT_RETRIEVER = "dense-minilm"
+"""Runs over it keep their names; another retriever is named at the end of the run name."""
+
+
+def retriever_label(cfg: DictConfig) -> str:
+    """The retriever a run searched with: bm25, dense-<embedding> or hybrid-<embedding>."""
+    index = cfg.retriever.index
+    kind = str(index.get("kind") or "dense")
+    return kind if kind == "bm25" else f"{kind}-{index.get('embedding') or 'minilm'}"
+
+
 def run_tags(
     cfg: DictConfig, identity: RunIdentity, strategy: RetrievalStrategy, llm: Steps
 ) -> dict[str, str]:
     """What the dashboard and the gate filter runs by, plus versions that explain numbers."""
     return {
         "caprag.strategy": strategy.name,
+        "caprag.retriever": retriever_label(cfg),
         "caprag.dataset": identity.dataset.name,
         "caprag.dataset_hash": identity.dataset.content_hash,
         "caprag.config_hash": identity.config_hash,
