@@ -24,8 +24,8 @@ from caprag.schemas import Document
 from caprag.store import (
     PAGE_BOOST,
     IngestReport,
+    ParentCatalog,
     RestrictedIndex,
-    find_book,
     folder_lock,
     manifest_entry,
     passage_to_document,
@@ -83,7 +83,7 @@ class _Loaded:
         return ids[0]
 
 
-class BM25Index:
+class BM25Index(ParentCatalog):
     """Okapi BM25 over whole sections, with the same search interface as PassageIndex."""
 
     def __init__(self, store: Path | str, language: str = "english") -> None:
@@ -114,36 +114,8 @@ class BM25Index:
     def _manifest_path(self) -> Path:
         return self.path / "manifest.json"
 
-    def manifest(self) -> dict[str, Any]:
-        """Books in the index: id → hash, source path, counts, metadata."""
-        if not self._manifest_path.exists():
-            return {}
-        data: dict[str, Any] = json.loads(self._manifest_path.read_text(encoding="utf-8"))
-        return data
-
     def _parents_file(self, book_id: str) -> Path:
         return self.path / "parents" / f"{book_id}.json"
-
-    def parents(self) -> dict[str, Document]:
-        """Every indexed passage by id (read once, cached)."""
-        if self._parents is None:
-            loaded: dict[str, Document] = {}
-            for book_id in self.manifest():
-                file = self._parents_file(book_id)
-                if file.exists():
-                    for row in json.loads(file.read_text(encoding="utf-8")):
-                        doc = Document.model_validate(row)
-                        loaded[doc.passage_id] = doc
-            self._parents = loaded
-        return self._parents
-
-    def books(self) -> dict[str, dict[str, Any]]:
-        """Metadata of each indexed book, keyed by book id."""
-        return {book_id: entry["meta"] for book_id, entry in self.manifest().items()}
-
-    def book_by_short(self, short: str) -> str | None:
-        """Book id for a short name used in citations ('Combat' → 'combat')."""
-        return find_book(self.books(), short)
 
     # ----- ingest ---------------------------------------------------------------------------
 

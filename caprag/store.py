@@ -148,7 +148,49 @@ def split_citation(
     return query, None, None
 
 
-class PassageIndex:
+class ParentCatalog:
+    """The manifest of ingested books and their parent passages (whole sections) as JSON files:
+    what the dense and the BM25 index share. A subclass says where the files are."""
+
+    _parents: dict[str, Document] | None
+
+    @property
+    def _manifest_path(self) -> Path:
+        raise NotImplementedError
+
+    def _parents_file(self, book_id: str) -> Path:
+        raise NotImplementedError
+
+    def manifest(self) -> dict[str, Any]:
+        """Books in the index: id → hash, source path, counts, metadata."""
+        if not self._manifest_path.exists():
+            return {}
+        data: dict[str, Any] = json.loads(self._manifest_path.read_text(encoding="utf-8"))
+        return data
+
+    def parents(self) -> dict[str, Document]:
+        """Every indexed passage by id (read once, cached)."""
+        if self._parents is None:
+            loaded: dict[str, Document] = {}
+            for book_id in self.manifest():
+                file = self._parents_file(book_id)
+                if file.exists():
+                    for row in json.loads(file.read_text(encoding="utf-8")):
+                        doc = Document.model_validate(row)
+                        loaded[doc.passage_id] = doc
+            self._parents = loaded
+        return self._parents
+
+    def books(self) -> dict[str, dict[str, Any]]:
+        """Metadata of each indexed book, keyed by book id."""
+        return {book_id: entry["meta"] for book_id, entry in self.manifest().items()}
+
+    def book_by_short(self, short: str) -> str | None:
+        """Book id for a short name used in citations ('Combat' → 'combat')."""
+        return find_book(self.books(), short)
+
+
+class PassageIndex(ParentCatalog):
     """Children (embedded chunks) in a Chroma collection; parents (whole sections) in JSON files."""
 
     def __init__(
@@ -199,36 +241,8 @@ class PassageIndex:
     def _manifest_path(self) -> Path:
         return self.path / f"manifest-{self.key}.json"
 
-    def manifest(self) -> dict[str, Any]:
-        """Books in the index: id → hash, source path, counts, metadata."""
-        if not self._manifest_path.exists():
-            return {}
-        data: dict[str, Any] = json.loads(self._manifest_path.read_text(encoding="utf-8"))
-        return data
-
     def _parents_file(self, book_id: str) -> Path:
         return self.path / "parents" / self.key / f"{book_id}.json"
-
-    def parents(self) -> dict[str, Document]:
-        """Every indexed passage by id (read once, cached)."""
-        if self._parents is None:
-            loaded: dict[str, Document] = {}
-            for book_id in self.manifest():
-                file = self._parents_file(book_id)
-                if file.exists():
-                    for row in json.loads(file.read_text(encoding="utf-8")):
-                        doc = Document.model_validate(row)
-                        loaded[doc.passage_id] = doc
-            self._parents = loaded
-        return self._parents
-
-    def books(self) -> dict[str, dict[str, Any]]:
-        """Metadata of each indexed book, keyed by book id."""
-        return {book_id: entry["meta"] for book_id, entry in self.manifest().items()}
-
-    def book_by_short(self, short: str) -> str | None:
-        """Book id for a short name used in citations ('Combat' → 'combat')."""
-        return find_book(self.books(), short)
 
     # ----- ingest ---------------------------------------------------------------------------
 
