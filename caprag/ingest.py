@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from caprag.books import load_books
 from caprag.config import Settings, load_settings
 from caprag.embeddings import get_embedder
 from caprag.errors import CapragError
-from caprag.hybrid import HybridIndex
+from caprag.hybrid import RRF_K, HybridIndex
 from caprag.lexical import BM25Index
-from caprag.store import IngestReport, PassageIndex
+from caprag.store import CHILD_CHARS, IngestReport, PassageIndex
 
 Index = PassageIndex | BM25Index | HybridIndex
 """The retrievers CAPRAG_RETRIEVER chooses between (one search/restricted/parents interface)."""
@@ -24,16 +23,26 @@ def open_index(settings: Settings) -> PassageIndex:
     return PassageIndex(settings.chroma_dir, get_embedder(settings.embedding))
 
 
-OPENERS: dict[str, Callable[[Settings], Index]] = {
-    "dense": open_index,
-    "bm25": lambda s: BM25Index(s.chroma_dir),
-    "hybrid": lambda s: HybridIndex(open_index(s), BM25Index(s.chroma_dir)),
-}
+def make_index(
+    kind: str,
+    store: Path | str,
+    embedding: str = "minilm",
+    *,
+    child_chars: int = CHILD_CHARS,
+    rrf_k: int = RRF_K,
+) -> Index:
+    """The retriever of `kind` over a store folder: dense (embedded chunks in Chroma), bm25, or
+    hybrid (both, fused by reciprocal rank with constant `rrf_k`). The API and the harness both
+    open their index here."""
+    if kind == "bm25":
+        return BM25Index(store)
+    dense = PassageIndex(store, get_embedder(embedding), child_chars=child_chars)
+    return HybridIndex(dense, BM25Index(store), rrf_k=rrf_k) if kind == "hybrid" else dense
 
 
 def open_retriever(settings: Settings) -> Index:
     """Open the index CAPRAG_RETRIEVER chooses: dense, bm25 or hybrid (both, fused)."""
-    return OPENERS[settings.retriever](settings)
+    return make_index(settings.retriever, settings.chroma_dir, settings.embedding)
 
 
 def ingest_path(path: Path | str, settings: Settings, *, prune: bool = False) -> IngestReport:

@@ -6,11 +6,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from caprag.books import Book, load_books
-from caprag.embeddings import get_embedder
 from caprag.errors import ConfigError
-from caprag.hybrid import RRF_K, HybridIndex
-from caprag.lexical import BM25Index
-from caprag.store import PassageIndex
+from caprag.hybrid import RRF_K
+from caprag.ingest import Index, make_index
 
 KINDS = ("dense", "bm25", "hybrid")
 """What build_index(kind=...) accepts."""
@@ -26,7 +24,7 @@ def build_index(
     books: Sequence[Book] | None = None,
     kind: str = "dense",
     rrf_k: int = RRF_K,
-) -> PassageIndex | BM25Index | HybridIndex:
+) -> Index:
     """Open the passage index and bring it up to date (unchanged books skipped).
 
     `kind`: dense (embedded chunks in Chroma), bm25 (lexical, in `<store>/bm25/`) or hybrid (both,
@@ -42,13 +40,7 @@ def build_index(
         raise ConfigError(f"retriever kind={kind!r} is not allowed: expected {' | '.join(KINDS)}")
     if isinstance(rrf_k, bool) or not isinstance(rrf_k, int) or rrf_k < 1:
         raise ConfigError(f"retriever rrf_k={rrf_k!r} is not allowed: expected a whole number >= 1")
-    index: PassageIndex | BM25Index | HybridIndex
-    if kind == "bm25":
-        index = BM25Index(store)
-    else:
-        index = PassageIndex(store, get_embedder(embedding), child_chars=chunk_chars)
-        if kind == "hybrid":
-            index = HybridIndex(index, BM25Index(store), rrf_k=rrf_k)
+    index = make_index(kind, store, embedding, child_chars=chunk_chars, rrf_k=rrf_k)
     if ingest:
         index.ingest(load_books(corpus) if books is None else books, progress=progress)
     return index

@@ -84,15 +84,7 @@ def open_retriever(kind: str, store: Path, books: Sequence[Book]) -> Any:
     """The retriever `kind` over `books` in `store`, ingested (unchanged books skipped)."""
     from experiments.components import build_index
 
-    dense = {"bm25": None, "dense": "minilm", "hybrid": "minilm"}[kind]
-    return build_index(
-        corpus=store,
-        store=store,
-        embedding=dense or "minilm",
-        kind="dense" if kind == "dense" else kind,
-        progress=False,
-        books=books,
-    )
+    return build_index(corpus=store, store=store, kind=kind, progress=False, books=books)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
