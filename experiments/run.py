@@ -12,7 +12,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ from experiments.evaluate import (
     failures,
     summary_metrics,
 )
+from experiments.harness.reuse import RowCache, run_fingerprint
 from experiments.journal import Journal, case_key, config_hash
 from experiments.questions import DatasetError
 from experiments.tables import run_table
@@ -413,9 +414,22 @@ def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
                 flush=True,
             )
         start_ns = time.time_ns()
-        rows = asyncio.run(_evaluate_repeats(cfg, parts, repeats, done, journal))
+        reuse = row_cache(cfg, parts, config)
+        try:
+            rows = asyncio.run(_evaluate_repeats(cfg, parts, repeats, done, journal, reuse))
+        finally:
+            if reuse is not None:
+                reuse.close()
+        if reuse is not None and reuse.hits:
+            print(
+                f"{reuse.hits} of {len(parts.dataset.cases) * repeats} cases reused from an "
+                "identical earlier run (experiment.cache=false asks every question again)",
+                flush=True,
+            )
         aggregates = aggregate(rows)
         summary = summary_metrics(rows)
+        if reuse is not None:
+            summary["reused_cases"] = float(reuse.hits)
         result = RunResult(
             name,
             strategy.name,
@@ -447,8 +461,12 @@ async def _evaluate_repeats(
     repeats: int,
     done: dict[str, list[QuestionRow]],
     journal: Journal,
+    reuse: RowCache | None = None,
 ) -> list[QuestionRow]:
-    """Every repeat in one event loop (HTTP clients are bound to the loop that opened them)."""
+    """Every repeat in one event loop (HTTP clients are bound to the loop that opened them).
+
+    Cases the journal has (a resumed run) or the row cache has (an identical earlier run) are not
+    asked again; a case that finishes is journaled and offered to the row cache."""
     rows: list[QuestionRow] = []
     for repeat in range(repeats):
         llm = parts.steps if repeat == 0 else steps_from_config(cfg, repeat)
@@ -456,15 +474,32 @@ async def _evaluate_repeats(
 
         def record(case: EvalCase, found: list[QuestionRow], r: int = repeat) -> None:
             journal.append(case_key(r, case.id), found)
+            if reuse is not None:
+                reuse.put(r, case, found)
 
         prefix = f"{repeat}:"
+        known = {k.removeprefix(prefix): v for k, v in done.items() if k.startswith(prefix)}
+        if reuse is not None:
+            for case in parts.dataset.cases:
+                found = None if case.id in known else reuse.get(repeat, case)
+                if found is not None:
+                    known[case.id] = found
         rows += await evaluator.run(
             parts.dataset,
-            done={k.removeprefix(prefix): v for k, v in done.items() if k.startswith(prefix)},
+            done=known,
             on_case=record,
             repeat=repeat,
         )
     return rows
+
+
+def row_cache(cfg: DictConfig, parts: Components, config: Mapping[str, Any]) -> RowCache | None:
+    """The cache of finished rows (experiment.cache=true, an index that reports its books), in
+    the LLM response cache's file."""
+    manifest = getattr(parts.index, "manifest", None)
+    if not cfg.experiment.cache or manifest is None:
+        return None
+    return RowCache(Path(cfg.paths.cache), run_fingerprint(config, manifest()))
 
 
 def _log(cfg: DictConfig, result: RunResult, start_ns: int, uri: str | None) -> int:
