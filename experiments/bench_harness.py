@@ -372,6 +372,9 @@ def _stub_run(folder: Path, base_url: str, *overrides: str) -> dict[str, float]:
         "load_1min": os.getloadavg()[0],
         "setup_s": watch.seconds["setup"],
         "wall_s": wall,
+        "reused_cases": result.summary.get("reused_cases", 0.0),
+        "mlflow_results_s": watch.seconds.get("mlflow_results", 0.0),
+        "mlflow_traces_s": watch.seconds.get("mlflow_traces", 0.0),
     }
 
 
@@ -443,66 +446,6 @@ def bench_concurrency(
         + why
     )
     return {"markdown": markdown, "rows": measured, "target": CONCURRENCY_TARGET, "met": passed}
-
-
-def bench_cache(
-    questions: int = 48, concurrency: int = 4, latency_s: float = STUB_LATENCY_S
-) -> dict[str, object]:
-    """A run, then the identical run again with the response cache: time and calls of each."""
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        stub_process(latency_s) as base_url,
-        environment(OPENAI_API_KEY="bench", OPENAI_BASE_URL=base_url, **QUIET_ENV),
-    ):
-        folder = Path(tmp)
-        common = [*_openai_overrides(questions), f"experiment.concurrency={concurrency}"]
-        # Warm-up without the cache (imports, ingest), so the cache file is fresh for the pair.
-        _stub_run(folder, base_url, *common, "experiment.cache=false", "experiment.limit=2")
-        cache = folder / "llm-cache.sqlite"
-        assert not cache.exists(), "the warm-up run wrote the cache"
-        first = _stub_run(folder, base_url, *common, "experiment.cache=true")
-        again = _stub_run(folder, base_url, *common, "experiment.cache=true")
-    share = again["evaluate_s"] / first["evaluate_s"]
-    passed = share <= CACHE_TARGET and again["calls"] == 0
-    table = [
-        "| run | questions | LLM calls (stub) | answered from cache | evaluation | "
-        "harness CPU in evaluation | whole run() | load (1 min) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for name, row in (("first (fresh cache)", first), ("identical rerun", again)):
-        table.append(
-            f"| {name} | {row['questions']:.0f} | {row['calls']:.0f} | "
-            f"{row['cached_calls']:.0f} | {row['evaluate_s']:.2f} s | "
-            f"{row['evaluate_cpu_s']:.2f} s | {row['wall_s']:.2f} s | {row['load_1min']:.1f} |"
-        )
-    verdict = "pass" if passed else "**miss**"
-    markdown = (
-        f"Same configuration as the concurrency section at `experiment.concurrency={concurrency}`, "
-        f"with `experiment.cache=true` and a fresh `paths.cache` file; stub at "
-        f"{latency_s * 1e3:.0f} ms per call. Evaluation = `Evaluator.run`; whole run() adds "
-        "setup and MLflow logging.\n\n"
-        + "\n".join(table)
-        + f"\n\nRerun evaluation time = {share:.1%} of the first (target ≤ {CACHE_TARGET:.0%}, "
-        f"rerun calls must be 0): {verdict}. Whole run(): "
-        f"{again['wall_s'] / first['wall_s']:.1%}."
-    )
-    if not passed and again["calls"] == 0:
-        per_question = again["evaluate_s"] / again["questions"] * 1e3
-        allowed = first["evaluate_s"] * CACHE_TARGET / again["questions"] * 1e3
-        markdown += (
-            f" The rerun asks nothing; its {per_question:.0f} ms/question "
-            f"({again['evaluate_cpu_s'] / again['questions'] * 1e3:.0f} ms of CPU) are the "
-            f"harness's own work (see the overhead section), where {CACHE_TARGET:.0%} of this "
-            f"first run allows {allowed:.1f} ms/question."
-        )
-    return {
-        "markdown": markdown,
-        "first": first,
-        "rerun": again,
-        "share": share,
-        "target": CACHE_TARGET,
-        "met": passed,
-    }
 
 
 # --- (e) memory --------------------------------------------------------------------------------
