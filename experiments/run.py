@@ -11,7 +11,6 @@ import math
 import os
 import re
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +31,7 @@ from caprag.services import Pipeline
 from caprag.steps import ROLES, Steps, build_steps, prompt_versions, rule_steps
 from caprag.store import PassageIndex
 from caprag.strategies import RetrievalStrategy, Retriever
-from experiments import tracking
+from experiments import traces, tracking
 from experiments.data import Dataset, EvalCase
 from experiments.dryrun import CostEstimate, client_config, estimate_cost, estimate_price_model
 from experiments.evaluate import (
@@ -403,7 +402,11 @@ def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
     print(f"run {name}: {questions} questions{times}, k={cfg.retriever.k}", flush=True)
     identity = RunIdentity.resolve(cfg, config, parts.dataset)
     tags = run_tags(cfg, identity, strategy, parts.steps)
-    with identity.open(name, sweep_id, tags) as (journal, run_id):
+    writing = bool(cfg.tracking.enabled and cfg.tracking.traces)
+    with (
+        traces.writer(writing) as trace_writer,  # forked first: it must not hold the journal
+        identity.open(name, sweep_id, tags) as (journal, run_id),
+    ):
         done = journal.done()
         resumed = sum(len(rows) for rows in done.values())
         if resumed:
@@ -412,8 +415,9 @@ def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
                 "questions already done (experiment.resume=never starts over)",
                 flush=True,
             )
-        start_ns = time.time_ns()
-        rows = asyncio.run(_evaluate_repeats(cfg, parts, repeats, done, journal))
+        if trace_writer is not None and run_id is not None:
+            _resume_traces(trace_writer, identity, run_id, done)
+        rows = asyncio.run(_evaluate_repeats(cfg, parts, repeats, done, journal, trace_writer))
         aggregates = aggregate(rows)
         summary = summary_metrics(rows)
         result = RunResult(
@@ -428,7 +432,7 @@ def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
         )
         if run_id is not None:
             result.run_id = run_id
-            result.traces = _log(cfg, result, start_ns, uri=identity.uri)
+            result.traces = _log(result, trace_writer, uri=identity.uri)
     failed = failures(result.rows)
     print(run_table(result.aggregates, result.summary, failed), flush=True)
     if failed.all_failed:
@@ -447,8 +451,10 @@ async def _evaluate_repeats(
     repeats: int,
     done: dict[str, list[QuestionRow]],
     journal: Journal,
+    trace_writer: traces.TraceWriter | None = None,
 ) -> list[QuestionRow]:
-    """Every repeat in one event loop (HTTP clients are bound to the loop that opened them)."""
+    """Every repeat in one event loop (HTTP clients are bound to the loop that opened them);
+    each case is journaled, then its traces are queued for the writer."""
     rows: list[QuestionRow] = []
     for repeat in range(repeats):
         llm = parts.steps if repeat == 0 else steps_from_config(cfg, repeat)
@@ -456,6 +462,8 @@ async def _evaluate_repeats(
 
         def record(case: EvalCase, found: list[QuestionRow], r: int = repeat) -> None:
             journal.append(case_key(r, case.id), found)
+            if trace_writer is not None:
+                trace_writer.submit(found)
 
         prefix = f"{repeat}:"
         rows += await evaluator.run(
@@ -467,12 +475,32 @@ async def _evaluate_repeats(
     return rows
 
 
-def _log(cfg: DictConfig, result: RunResult, start_ns: int, uri: str | None) -> int:
-    """Results, table and traces into the open run."""
+def _resume_traces(
+    trace_writer: traces.TraceWriter,
+    identity: RunIdentity,
+    run_id: str,
+    done: dict[str, list[QuestionRow]],
+) -> None:
+    """Point the writer at the run; a resumed run first queues the journaled questions whose
+    trace the killed process did not write."""
+    assert identity.uri is not None and identity.experiment_id is not None
+    target = traces.Target(identity.uri, identity.experiment_id, run_id)
+    trace_writer.bind(target)
+    if done:
+        traced = traces.traced_cases(target)
+        journaled = [row for rows in done.values() for row in rows]
+        trace_writer.submit([row for row in journaled if traces.case_of(row) not in traced])
+
+
+def _log(result: RunResult, trace_writer: traces.TraceWriter | None, uri: str | None) -> int:
+    """Results and table into the open run (while the trace writer writes its last batch), then
+    waits for the writer."""
+    if trace_writer is not None:
+        trace_writer.finish()
     tracking.log_results(result.rows, result.aggregates, result.summary)
-    traces = tracking.log_traces(result.rows, start_ns) if cfg.tracking.traces else 0
-    print(f"logged MLflow run {result.run_id} ({traces} traces) to {uri}")
-    return traces
+    written = trace_writer.close(result.rows) if trace_writer is not None else 0
+    print(f"logged MLflow run {result.run_id} ({written} traces) to {uri}")
+    return written
 
 
 @dataclass
