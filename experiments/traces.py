@@ -24,6 +24,7 @@ from typing import Any
 
 import mlflow
 from mlflow.entities import Span, SpanType, TraceData, TraceInfo, TraceLocation, TraceState
+from mlflow.store.tracking.abstract_store import AbstractStore
 from mlflow.tracing.client import TracingClient
 from mlflow.tracing.constant import SpanAttributeKey, TraceMetadataKey, TraceTagKey
 from mlflow.tracing.utils import dump_span_attribute_value
@@ -317,8 +318,6 @@ def build_trace(row: QuestionRow, target: Target) -> _Trace:
 
 def _store_writes_spans(client: TracingClient) -> bool:
     """Whether the store takes spans in batches (SQL stores, a tracking server)."""
-    from mlflow.store.tracking.abstract_store import AbstractStore
-
     return type(client.store).log_spans is not AbstractStore.log_spans
 
 
