@@ -72,6 +72,10 @@ class CallUsage(BaseModel):
     completion_tokens: int = 0
     cost_usd: float = 0.0
     latency_s: float = 0.0
+    started_at: float | None = Field(
+        default=None,
+        description="Wall-clock time (Unix seconds) the call started; None where not measured.",
+    )
     counted: Literal["reported", "tokenizer"] = "tokenizer"
     prompt_version: str = ""
     cached: bool = Field(

@@ -1,4 +1,5 @@
-"""Benchmarks of the experiment harness itself: overhead, concurrency, response cache, memory.
+"""Benchmarks of the experiment harness itself: concurrency, response cache, memory (the overhead
+section is `experiments.perf.overhead`, built on the helpers here).
 
 Each `bench_*` function is a section of `python -m experiments.bench` and returns its Markdown
 with the raw numbers. Runs go through the real `experiments.run.run(cfg)` (composed like the
@@ -60,7 +61,9 @@ class InstantStep:
 
     async def __call__(self, *args: Any, **kwargs: Any) -> StepResult[Any]:
         value = self.reply(*args, **kwargs)
-        return StepResult(value, CallUsage(step=self.step, model=self.model))
+        return StepResult(
+            value, CallUsage(step=self.step, model=self.model, started_at=time.time())
+        )
 
 
 def _first_passage(question: str, documents: Sequence[Document], *_history: Any) -> Any:
@@ -170,8 +173,11 @@ class Stopwatch:
             yield self
 
 
-def timed_run(cfg: DictConfig) -> tuple[Any, Stopwatch, float]:
-    """run(cfg) with its phases timed (its printout swallowed): (result, phases, wall seconds)."""
+def timed_run(
+    cfg: DictConfig, extra: dict[str, tuple[object, str]] | None = None
+) -> tuple[Any, Stopwatch, float]:
+    """run(cfg) with its phases (and any `extra` functions) timed, its printout swallowed:
+    (result, phases, wall seconds)."""
     from caprag.store import PassageIndex
     from experiments import run as run_module
     from experiments import tracking
@@ -185,7 +191,7 @@ def timed_run(cfg: DictConfig) -> tuple[Any, Stopwatch, float]:
         "retrieval": (PassageIndex, "search"),
         "mlflow_params": (tracking, "log_config"),
         "mlflow_results": (tracking, "log_results"),
-        "mlflow_traces": (tracking, "log_traces"),
+        **(extra or {}),
     }
     quiet = contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO())
     with watch.watching(targets), quiet[0], quiet[1]:
@@ -236,95 +242,6 @@ def stub_process(latency_s: float, ready_timeout_s: float = 60.0) -> Iterator[st
 def stub_requests(base_url: str) -> int:
     """Chat completions the stub has answered so far."""
     return int(httpx.get(f"{base_url}/stats", timeout=10).json()["requests"])
-
-
-# --- (a) overhead ------------------------------------------------------------------------------
-
-
-def bench_overhead(questions: int = 100, warmup: int = 5) -> dict[str, object]:
-    """Harness time per question with an LLM that answers instantly, by phase."""
-    llm = ["llm=offline", f"++llm._target_={instant_steps.__module__}.instant_steps"]
-    common = [*llm, "retriever=wordllama", "dataset=curated", "experiment.concurrency=1"]
-    with tempfile.TemporaryDirectory() as tmp, environment(**QUIET_ENV):
-        folder = Path(tmp)
-        # A warm-up run pays the one-time costs: imports (ragas ~3 s), ingest, MLflow tables.
-        timed_run(compose_cfg(folder, *common, f"experiment.limit={warmup}"))
-        per_set = f"experiment.limit_per_set={max(1, questions // 2)}"
-        result, watch, wall = timed_run(compose_cfg(folder, *common, per_set))
-    n = len(result.rows)
-
-    def phase(label: str) -> tuple[float, float]:
-        return watch.seconds.get(label, 0.0), watch.cpu.get(label, 0.0)
-
-    def minus(total: tuple[float, float], *parts: str) -> tuple[float, float]:
-        return (
-            total[0] - sum(phase(p)[0] for p in parts),
-            total[1] - sum(phase(p)[1] for p in parts),
-        )
-
-    mlflow_logged = ("mlflow_params", "mlflow_results", "mlflow_traces")
-    bookkeeping = minus(phase("run"), "setup", "evaluate", *mlflow_logged)
-    mlflow_total = minus(phase("run"), "setup", "evaluate")
-    phases = [
-        ("evaluate", "graph + strategy + retrieval + scoring (`Evaluator.run`)", phase("evaluate")),
-        ("  retrieval", "wordllama search, k=8 (`PassageIndex.search`)", phase("retrieval")),
-        ("  scoring", "retrieval/answer/cost metrics, offline RAGAS, trace rows", phase("scoring")),
-        (
-            "  graph + strategy",
-            "LangGraph nodes, checkpointer, multi-hop logic, journal, the instant LLM",
-            minus(phase("evaluate"), "retrieval", "scoring"),
-        ),
-        ("MLflow params", "resolved config as params + config.json", phase("mlflow_params")),
-        ("MLflow metrics + table", "aggregates, coverage, questions.json", phase("mlflow_results")),
-        (
-            "MLflow traces",
-            "one trace per question, a span per node and hop, export flushed",
-            phase("mlflow_traces"),
-        ),
-        ("MLflow run bookkeeping", "experiment lookup, start/end run, tags", bookkeeping),
-        ("MLflow total", "the four MLflow rows", mlflow_total),
-    ]
-    rows = [
-        {
-            "phase": name.strip(),
-            "includes": what,
-            "seconds": sec,
-            "cpu_seconds": cpu,
-            "ms_per_question": sec / n * 1e3,
-            "cpu_ms_per_question": cpu / n * 1e3,
-        }
-        for name, what, (sec, cpu) in phases
-    ]
-    table = [
-        "| phase | includes | total s | ms/question | CPU ms/question |",
-        "|---|---|---|---|---|",
-    ]
-    table += [
-        f"| {name.replace('  ', '↳ ')} | {what} | {sec:.2f} | {sec / n * 1e3:.1f} | "
-        f"{cpu / n * 1e3:.1f} |"
-        for name, what, (sec, cpu) in phases
-    ]
-    setup_s, wall = phase("setup")[0], phase("run")[0]
-    markdown = (
-        f"{n} questions of `dataset=curated` (first {questions // 2} of single_book and of "
-        "cross_book), `strategy=multi-hop`, `retriever=wordllama`, `experiment.concurrency=1`, "
-        "through `experiments.run.run(cfg)`. The LLM is `InstantLLM` (in this module): minimal "
-        "valid replies at once, zero usage, so every millisecond here is the harness's own. "
-        f"Warm process: a {warmup}-question warm-up run in the same store paid imports, ingest "
-        "and MLflow table creation first. Setup of the measured run (dataset, index open, "
-        f"strategy) took {setup_s:.2f} s once and is not in the table; whole run() "
-        f"{wall:.2f} s; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores. "
-        "CPU = CPU time of the whole process (all threads) during the phase.\n\n" + "\n".join(table)
-    )
-    return {
-        "markdown": markdown,
-        "questions": n,
-        "wall_s": wall,
-        "setup_s": setup_s,
-        "evaluate_ms_per_question": phase("evaluate")[0] / n * 1e3,
-        "mlflow_ms_per_question": mlflow_total[0] / n * 1e3,
-        "rows": rows,
-    }
 
 
 # --- (b) concurrency and (c) cache ---------------------------------------------------------------

@@ -62,6 +62,8 @@ class QuestionRow:
     missing: dict[str, str] = field(default_factory=dict)
     trace: list[dict[str, Any]] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    started_ns: int = 0
+    """Wall-clock time (Unix nanoseconds) the question was asked; its trace starts there."""
     calls: list[dict[str, Any]] = field(default_factory=list)
     """Every LLM step of the turn in order (CallUsage as data): rule or model, tokens, and for a
     model call the messages as sent, the reply, attempts and any error. A question that failed on
@@ -288,6 +290,7 @@ class Evaluator:
                 gold_ids=list(turn.gold_passages),
                 repeat=repeat,
             )
+            row.started_ns = time.time_ns()
             try:
                 result = await asyncio.wait_for(
                     pipeline.ask(turn.question, thread), self.question_timeout_s

@@ -11,7 +11,6 @@ import math
 import os
 import re
 import sys
-import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +31,7 @@ from caprag.services import Pipeline
 from caprag.steps import ROLES, Steps, build_steps, prompt_versions, rule_steps
 from caprag.store import PassageIndex
 from caprag.strategies import RetrievalStrategy, Retriever
-from experiments import tracking
+from experiments import traces, tracking
 from experiments.data import Dataset, EvalCase
 from experiments.dryrun import CostEstimate, client_config, estimate_cost, estimate_price_model
 from experiments.evaluate import (
@@ -404,7 +403,11 @@ def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
     print(f"run {name}: {questions} questions{times}, k={cfg.retriever.k}", flush=True)
     identity = RunIdentity.resolve(cfg, config, parts.dataset)
     tags = run_tags(cfg, identity, strategy, parts.steps)
-    with identity.open(name, sweep_id, tags) as (journal, run_id):
+    writing = bool(cfg.tracking.enabled and cfg.tracking.traces)
+    with (
+        traces.writer(writing) as trace_writer,  # forked first: it must not hold the journal
+        identity.open(name, sweep_id, tags) as (journal, run_id),
+    ):
         done = journal.done()
         resumed = sum(len(rows) for rows in done.values())
         if resumed:
@@ -413,10 +416,13 @@ def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
                 "questions already done (experiment.resume=never starts over)",
                 flush=True,
             )
-        start_ns = time.time_ns()
+        if trace_writer is not None and run_id is not None:
+            _resume_traces(trace_writer, identity, run_id, done)
         reuse = row_cache(cfg, parts, config)
         try:
-            rows = asyncio.run(_evaluate_repeats(cfg, parts, repeats, done, journal, reuse))
+            rows = asyncio.run(
+                _evaluate_repeats(cfg, parts, repeats, done, journal, trace_writer, reuse)
+            )
         finally:
             if reuse is not None:
                 reuse.close()
@@ -442,7 +448,7 @@ def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
         )
         if run_id is not None:
             result.run_id = run_id
-            result.traces = _log(cfg, result, start_ns, uri=identity.uri)
+            result.traces = _log(result, trace_writer, uri=identity.uri)
     failed = failures(result.rows)
     print(run_table(result.aggregates, result.summary, failed), flush=True)
     if failed.all_failed:
@@ -461,12 +467,14 @@ async def _evaluate_repeats(
     repeats: int,
     done: dict[str, list[QuestionRow]],
     journal: Journal,
+    trace_writer: traces.TraceWriter | None = None,
     reuse: RowCache | None = None,
 ) -> list[QuestionRow]:
     """Every repeat in one event loop (HTTP clients are bound to the loop that opened them).
 
     Cases the journal has (a resumed run) or the row cache has (an identical earlier run) are not
-    asked again; a case that finishes is journaled and offered to the row cache."""
+    asked again. A case that finishes is journaled, offered to the row cache and its traces
+    queued for the writer; a reused case's traces are queued too (this run has none yet)."""
     rows: list[QuestionRow] = []
     for repeat in range(repeats):
         llm = parts.steps if repeat == 0 else steps_from_config(cfg, repeat)
@@ -476,6 +484,8 @@ async def _evaluate_repeats(
             journal.append(case_key(r, case.id), found)
             if reuse is not None:
                 reuse.put(r, case, found)
+            if trace_writer is not None:
+                trace_writer.submit(found)
 
         prefix = f"{repeat}:"
         known = {k.removeprefix(prefix): v for k, v in done.items() if k.startswith(prefix)}
@@ -484,6 +494,8 @@ async def _evaluate_repeats(
                 found = None if case.id in known else reuse.get(repeat, case)
                 if found is not None:
                     known[case.id] = found
+                    if trace_writer is not None:
+                        trace_writer.submit(found)
         rows += await evaluator.run(
             parts.dataset,
             done=known,
@@ -502,12 +514,32 @@ def row_cache(cfg: DictConfig, parts: Components, config: Mapping[str, Any]) -> 
     return RowCache(Path(cfg.paths.cache), run_fingerprint(config, manifest()))
 
 
-def _log(cfg: DictConfig, result: RunResult, start_ns: int, uri: str | None) -> int:
-    """Results, table and traces into the open run."""
+def _resume_traces(
+    trace_writer: traces.TraceWriter,
+    identity: RunIdentity,
+    run_id: str,
+    done: dict[str, list[QuestionRow]],
+) -> None:
+    """Point the writer at the run; a resumed run first queues the journaled questions whose
+    trace the killed process did not write."""
+    assert identity.uri is not None and identity.experiment_id is not None
+    target = traces.Target(identity.uri, identity.experiment_id, run_id)
+    trace_writer.bind(target)
+    if done:
+        traced = traces.traced_cases(target)
+        journaled = [row for rows in done.values() for row in rows]
+        trace_writer.submit([row for row in journaled if traces.case_of(row) not in traced])
+
+
+def _log(result: RunResult, trace_writer: traces.TraceWriter | None, uri: str | None) -> int:
+    """Results and table into the open run (while the trace writer writes its last batch), then
+    waits for the writer."""
+    if trace_writer is not None:
+        trace_writer.finish()
     tracking.log_results(result.rows, result.aggregates, result.summary)
-    traces = tracking.log_traces(result.rows, start_ns) if cfg.tracking.traces else 0
-    print(f"logged MLflow run {result.run_id} ({traces} traces) to {uri}")
-    return traces
+    written = trace_writer.close(result.rows) if trace_writer is not None else 0
+    print(f"logged MLflow run {result.run_id} ({written} traces) to {uri}")
+    return written
 
 
 @dataclass

@@ -87,7 +87,7 @@ class StructuredClient:
         if hit is None:
             return None
         usage = CallUsage.model_validate(hit["usage"]).model_copy(
-            update={"cached": True, "latency_s": 0.0, "step": step}
+            update={"cached": True, "latency_s": 0.0, "started_at": time.time(), "step": step}
         )
         return hit["value"], usage
 
@@ -122,13 +122,15 @@ class StructuredClient:
             prompt_tokens = sum(count_tokens(str(m.content)) for m in messages)
             completion_tokens = count_tokens(reply)
             counted = "tokenizer"
+        latency_s = time.perf_counter() - t0
         return CallUsage(
             step=step,
             model=self.model,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             cost_usd=price(self.model, prompt_tokens, completion_tokens),
-            latency_s=time.perf_counter() - t0,
+            latency_s=latency_s,
+            started_at=time.time() - latency_s,
             counted=counted,  # type: ignore[arg-type]
             prompt_version=prompt.version,
             messages=as_sent(messages),
@@ -258,6 +260,7 @@ def _merged(spent: list[CallUsage]) -> CallUsage:
             "completion_tokens": sum(u.completion_tokens for u in spent),
             "cost_usd": sum(u.cost_usd for u in spent),
             "latency_s": sum(u.latency_s for u in spent),
+            "started_at": spent[0].started_at,
             "attempts": len(spent),
         }
     )

@@ -62,13 +62,15 @@ class RuleStep:
         """The value, with the usage of sending `prompt` filled with `values` and getting `out`."""
         prompt_tokens = count_tokens(prompt.text(**values))
         completion_tokens = count_tokens(out)
+        latency_s = time.perf_counter() - t0
         usage = CallUsage(
             step=step,
             model=self.model,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             cost_usd=price(self.price_model, prompt_tokens, completion_tokens),
-            latency_s=time.perf_counter() - t0,
+            latency_s=latency_s,
+            started_at=time.time() - latency_s,
             counted="tokenizer",
             prompt_version=prompt.version,
         )

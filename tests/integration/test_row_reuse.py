@@ -140,3 +140,14 @@ def test_rerun_against_a_model_sends_nothing(
         assert again.mean("cost_usd_spent") == 0.0
         assert again.mean("tokens") == first.mean("tokens")
         assert all(call["cached"] for r in again.rows for call in r.calls)
+
+
+def test_reused_rows_are_traced_in_the_new_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    overrides = ("tracking.enabled=true", "experiment.limit=3")
+    first = run(_cfg(tmp_path, *overrides))
+    again = run(_cfg(tmp_path, *overrides))
+    assert again.summary["reused_cases"] == 3 and again.run_id != first.run_id
+    assert again.traces == len(again.rows)
+    assert "not written by the trace writer" not in capsys.readouterr().err

@@ -5,12 +5,14 @@ from __future__ import annotations
 import pytest
 
 from caprag.schemas import Document
-from experiments.bench_harness import bench_overhead, instant_steps
+from experiments.bench_harness import instant_steps
+from experiments.perf.overhead import bench_overhead
 
 PHASES = (
     "evaluate",
     "retrieval",
     "scoring",
+    "trace queueing",
     "graph + strategy",
     "MLflow params",
     "MLflow metrics + table",
@@ -33,7 +35,7 @@ async def test_instant_llm_gives_valid_replies_and_no_usage() -> None:
 
 @pytest.mark.slow
 def test_overhead_section_measures_every_phase() -> None:
-    result = bench_overhead(questions=6, warmup=1)
+    result = bench_overhead(questions=6, warmup=1, attempts=1)
     assert result["questions"] == 6
     rows = {row["phase"]: row for row in result["rows"]}  # type: ignore[attr-defined]
     assert set(rows) == set(PHASES)
@@ -45,3 +47,7 @@ def test_overhead_section_measures_every_phase() -> None:
     assert "| phase | includes | total s | ms/question | CPU ms/question |" in markdown
     for name in ("evaluate", "↳ retrieval", "↳ scoring", "MLflow traces", "MLflow total"):
         assert f"| {name} |" in markdown
+    on, off = result["traces_on_s"], result["traces_off_s"]
+    assert len(on) == len(off) == 1  # type: ignore[arg-type]
+    assert result["traces_ratio"] == min(on) / min(off)  # type: ignore[type-var, operator]
+    assert "| traces off | traces on | ratio | target |" in markdown

@@ -1,0 +1,195 @@
+"""Harness overhead per question with an LLM that answers at once, by phase, and what MLflow
+traces add to a whole run.
+
+`python -m experiments.perf.overhead [--questions 100]` prints the Markdown and the JSON;
+`make bench` runs it as section `overhead`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from experiments.bench_harness import QUIET_ENV, compose_cfg, environment, instant_steps, timed_run
+
+TRACES_TARGET = 1.10
+"""A run with traces may take at most this multiple of the same run without them."""
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's ended children (the trace writers)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _phases(watch: Any, n: int) -> tuple[list[dict[str, Any]], list[str]]:
+    """The phase rows (raw numbers and Markdown table lines) of one timed run."""
+
+    def phase(label: str) -> tuple[float, float]:
+        return watch.seconds.get(label, 0.0), watch.cpu.get(label, 0.0)
+
+    def minus(total: tuple[float, float], *parts: str) -> tuple[float, float]:
+        return (
+            total[0] - sum(phase(p)[0] for p in parts),
+            total[1] - sum(phase(p)[1] for p in parts),
+        )
+
+    mlflow_logged = ("mlflow_params", "mlflow_results", "mlflow_traces")
+    bookkeeping = minus(phase("run"), "setup", "evaluate", *mlflow_logged)
+    mlflow_total = minus(phase("run"), "setup", "evaluate")
+    phases = [
+        ("evaluate", "graph + strategy + retrieval + scoring (`Evaluator.run`)", phase("evaluate")),
+        ("  retrieval", "wordllama search, k=8 (`PassageIndex.search`)", phase("retrieval")),
+        ("  scoring", "retrieval/answer/cost metrics, offline RAGAS, trace rows", phase("scoring")),
+        (
+            "  trace queueing",
+            "handing each finished question's rows to the trace writer (`TraceWriter.submit`)",
+            phase("trace_submit"),
+        ),
+        (
+            "  graph + strategy",
+            "LangGraph nodes, checkpointer, multi-hop logic, journal, the instant LLM",
+            minus(phase("evaluate"), "retrieval", "scoring", "trace_submit"),
+        ),
+        ("MLflow params", "resolved config as params + config.json", phase("mlflow_params")),
+        ("MLflow metrics + table", "aggregates, coverage, questions.json", phase("mlflow_results")),
+        (
+            "MLflow traces",
+            "waiting at the end for the trace writer, checking every question has its trace",
+            phase("mlflow_traces"),
+        ),
+        (
+            "MLflow run bookkeeping",
+            "experiment lookup, start/end run, tags, writer start",
+            bookkeeping,
+        ),
+        ("MLflow total", "the four MLflow rows", mlflow_total),
+    ]
+    rows = [
+        {
+            "phase": name.strip(),
+            "includes": what,
+            "seconds": sec,
+            "cpu_seconds": cpu,
+            "ms_per_question": sec / n * 1e3,
+            "cpu_ms_per_question": cpu / n * 1e3,
+        }
+        for name, what, (sec, cpu) in phases
+    ]
+    table = [
+        "| phase | includes | total s | ms/question | CPU ms/question |",
+        "|---|---|---|---|---|",
+    ]
+    table += [
+        f"| {name.replace('  ', '↳ ')} | {what} | {sec:.2f} | {sec / n * 1e3:.1f} | "
+        f"{cpu / n * 1e3:.1f} |"
+        for name, what, (sec, cpu) in phases
+    ]
+    return rows, table
+
+
+def bench_overhead(questions: int = 100, warmup: int = 5, attempts: int = 2) -> dict[str, object]:
+    """Harness time per question with an instant LLM by phase; the whole run with traces on and
+    off (alternated `attempts` times, the fastest of each kept) and their ratio."""
+    from experiments import traces
+
+    llm = ["llm=offline", f"++llm._target_={instant_steps.__module__}.instant_steps"]
+    common = [*llm, "retriever=wordllama", "dataset=curated", "experiment.concurrency=1"]
+    per_set = f"experiment.limit_per_set={max(1, questions // 2)}"
+    extra: dict[str, tuple[object, str]] = {
+        "mlflow_traces": (traces.TraceWriter, "close"),
+        "trace_submit": (traces.TraceWriter, "submit"),
+    }
+    walls: dict[bool, list[float]] = {True: [], False: []}
+    cpu: dict[bool, list[float]] = {True: [], False: []}
+    writer: list[float] = []
+    loads = [os.getloadavg()[0]]
+    with tempfile.TemporaryDirectory() as tmp, environment(**QUIET_ENV):
+        folder = Path(tmp)
+        # A warm-up run pays the one-time costs: imports (ragas ~3 s), ingest, MLflow tables.
+        timed_run(compose_cfg(folder, *common, f"experiment.limit={warmup}"), extra)
+        result, watch, _wall = timed_run(compose_cfg(folder, *common, per_set), extra)
+        for _attempt in range(attempts):
+            for traced in (False, True):
+                flag = f"tracking.traces={str(traced).lower()}"
+                writer_cpu = _children_cpu()
+                _result, timed, wall_s = timed_run(compose_cfg(folder, *common, per_set, flag))
+                walls[traced].append(wall_s)
+                cpu[traced].append(timed.cpu["run"])
+                if traced:
+                    writer.append(_children_cpu() - writer_cpu)
+                loads.append(os.getloadavg()[0])
+    n = len(result.rows)
+    rows, table = _phases(watch, n)
+    fastest_on, fastest_off = min(walls[True]), min(walls[False])
+    ratio = fastest_on / fastest_off
+    verdict = "met" if ratio <= TRACES_TARGET else "**miss**"
+    setup_s, wall = watch.seconds.get("setup", 0.0), watch.seconds.get("run", 0.0)
+    load = f"{min(loads):.1f}–{max(loads):.1f}"
+    markdown = (
+        f"{n} questions of `dataset=curated` (first {questions // 2} of single_book and of "
+        "cross_book), `strategy=multi-hop`, `retriever=wordllama`, `experiment.concurrency=1`, "
+        "through `experiments.run.run(cfg)`. The LLM is `instant_steps` "
+        "(`experiments/bench_harness.py`): minimal valid replies at once, zero usage, so every "
+        "millisecond here is the harness's own. "
+        f"Warm process: a {warmup}-question warm-up run in the same store paid imports, ingest "
+        "and MLflow table creation first. Setup of the measured run (dataset, index open, "
+        f"strategy) took {setup_s:.2f} s once and is not in the table; whole run() "
+        f"{wall:.2f} s; load average {load} on {os.cpu_count()} cores during the section. "
+        "CPU = CPU time of the harness process (all threads) during the phase; the trace writer "
+        "is a separate process, so its CPU is not in these columns.\n\n"
+        + "\n".join(table)
+        + "\n\nWhole run() with traces on and off (`tracking.traces`), same process and store, "
+        f"alternated {attempts} times, fastest of each:\n\n"
+        "| traces off | traces on | ratio | target | harness CPU off / on | writer CPU |\n"
+        "|---|---|---|---|---|---|\n"
+        f"| {fastest_off:.2f} s | {fastest_on:.2f} s | {ratio:.3f}× "
+        f"| ≤ {TRACES_TARGET:.2f}× {verdict} | {min(cpu[False]):.2f} s / {min(cpu[True]):.2f} s "
+        f"| {min(writer):.2f} s ({min(writer) / n * 1e3:.1f} ms/question) |\n\n"
+        "The writer is a forked process: its CPU (from the children's resource usage) lands on "
+        "the other core when one is free, and competes with the harness when none is."
+    )
+    return {
+        "markdown": markdown,
+        "questions": n,
+        "wall_s": wall,
+        "setup_s": setup_s,
+        "evaluate_ms_per_question": watch.seconds.get("evaluate", 0.0) / n * 1e3,
+        "mlflow_ms_per_question": next(r for r in rows if r["phase"] == "MLflow total")[
+            "ms_per_question"
+        ],
+        "traces_on_s": walls[True],
+        "traces_off_s": walls[False],
+        "traces_ratio": ratio,
+        "harness_cpu_off_s": cpu[False],
+        "harness_cpu_on_s": cpu[True],
+        "writer_cpu_s": writer,
+        "traces_target": TRACES_TARGET,
+        "load_average": loads,
+        "rows": rows,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure, print the Markdown and then the JSON."""
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.perf.overhead", description=__doc__
+    )
+    parser.add_argument("--questions", type=int, default=100)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--attempts", type=int, default=2)
+    args = parser.parse_args(argv)
+    result = bench_overhead(args.questions, args.warmup, args.attempts)
+    print(result["markdown"])
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
