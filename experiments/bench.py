@@ -24,7 +24,7 @@ from caprag.config import BUNDLED_CORPUS, PROJECT_ROOT
 from caprag.embeddings import Embedder, get_embedder
 from caprag.store import IngestReport, PassageIndex
 from experiments import bench_harness
-from experiments.perf import scale
+from experiments.perf import concurrency, scale
 
 REPORTS = PROJECT_ROOT / "reports"
 
@@ -174,7 +174,7 @@ SECTIONS: dict[str, tuple[str, Callable[[], dict[str, object]]]] = {
     "api_load": ("Chat API under load (loopback)", bench_api_load),
     "dashboard": ("Dashboard pages with 200 runs × 300 questions", bench_dashboard),
     "overhead": ("Harness overhead per question (instant LLM)", bench_harness.bench_overhead),
-    "concurrency": ("Concurrency against a 200 ms LLM stub", bench_harness.bench_concurrency),
+    "concurrency": ("Concurrency against a 200 ms LLM stub", concurrency.section),
     "cache": ("LLM response cache: identical rerun", bench_harness.bench_cache),
     "memory": ("Peak memory of a whole-dataset run", bench_harness.bench_memory),
     "scale": ("Retrieval at 100,000 passages: bm25, dense, hybrid", scale.section),
