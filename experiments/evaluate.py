@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import json
 import math
 import statistics
@@ -263,9 +264,13 @@ class Evaluator:
                     on_row(row)
             return rows
 
+        # What exists now (index, models, config) outlives the evaluation: frozen, it is not
+        # scanned by every full collection (one took 0.5 s of a 2 s evaluation).
+        gc.freeze()
         try:
             results = await asyncio.gather(*(one(case) for case in dataset.cases))
         finally:
+            gc.unfreeze()
             bar.close()
         return [row for rows in results for row in rows]
 
