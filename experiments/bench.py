@@ -24,7 +24,7 @@ from caprag.config import BUNDLED_CORPUS, PROJECT_ROOT
 from caprag.embeddings import Embedder, get_embedder
 from caprag.store import IngestReport, PassageIndex
 from experiments import bench_harness
-from experiments.perf import cache, overhead, scale
+from experiments.perf import cache, concurrency, overhead, scale
 
 REPORTS = PROJECT_ROOT / "reports"
 
@@ -200,7 +200,7 @@ SECTIONS: dict[str, tuple[str, Callable[[], dict[str, object]]]] = {
     "api_load": ("Chat API under load (loopback)", bench_api_load),
     "dashboard": ("Dashboard pages with 200 runs × 300 questions", bench_dashboard),
     "overhead": ("Harness overhead per question (instant LLM)", overhead.bench_overhead),
-    "concurrency": ("Concurrency against a 200 ms LLM stub", bench_harness.bench_concurrency),
+    "concurrency": ("Concurrency against a 200 ms LLM stub", concurrency.section),
     "cache": ("Identical rerun: LLM response cache and reused rows", cache.section),
     "memory": ("Peak memory of a whole-dataset run", bench_harness.bench_memory),
     "scale": ("Retrieval at 100,000 passages: bm25, dense, hybrid", scale.section),

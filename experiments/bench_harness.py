@@ -1,5 +1,5 @@
-"""Benchmarks of the experiment harness itself: concurrency, response cache, memory (the overhead
-section is `experiments.perf.overhead`, built on the helpers here).
+"""Helpers for the benchmarks of the experiment harness itself, and the memory section (the
+overhead, concurrency and cache sections are in `experiments/perf/`, built on the helpers here).
 
 Each `bench_*` function is a section of `python -m experiments.bench` and returns its Markdown
 with the raw numbers. Runs go through the real `experiments.run.run(cfg)` (composed like the
@@ -36,8 +36,6 @@ from caprag.steps.generate import GeneratedAnswer
 
 CONF = PROJECT_ROOT / "conf"
 STUB_LATENCY_S = 0.2
-CONCURRENCY_TARGET = 1.3
-"""Wall time at concurrency 16 may be at most this multiple of the LLM time it must wait for."""
 CACHE_TARGET = 0.05
 """An identical rerun with the response cache may take at most this share of the first run."""
 QUIET_ENV = {
@@ -244,7 +242,7 @@ def stub_requests(base_url: str) -> int:
     return int(httpx.get(f"{base_url}/stats", timeout=10).json()["requests"])
 
 
-# --- (b) concurrency and (c) cache ---------------------------------------------------------------
+# --- runs against the stub (experiments/perf/concurrency.py and cache.py) -----------------------
 
 
 def _openai_overrides(questions: int) -> list[str]:
@@ -293,76 +291,6 @@ def _stub_run(folder: Path, base_url: str, *overrides: str) -> dict[str, float]:
         "mlflow_results_s": watch.seconds.get("mlflow_results", 0.0),
         "mlflow_traces_s": watch.seconds.get("mlflow_traces", 0.0),
     }
-
-
-def bench_concurrency(
-    questions: int = 48,
-    levels: Sequence[int] = (1, 4, 16),
-    latency_s: float = STUB_LATENCY_S,
-    attempts: int = 2,
-) -> dict[str, object]:
-    """Evaluation wall time at several concurrency levels against a stub with fixed latency."""
-    measured = []
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        stub_process(latency_s) as base_url,
-        environment(OPENAI_API_KEY="bench", OPENAI_BASE_URL=base_url, **QUIET_ENV),
-    ):
-        folder = Path(tmp)
-        common = [*_openai_overrides(questions), "experiment.cache=false"]
-        _stub_run(folder, base_url, *common, "experiment.limit=2")  # warm-up: imports, ingest
-        for level in levels:
-            tries = [
-                _stub_run(folder, base_url, *common, f"experiment.concurrency={level}")
-                for _ in range(attempts)
-            ]
-            row = min(tries, key=lambda r: r["evaluate_s"])  # the least disturbed attempt
-            row["concurrency"] = float(level)
-            row["attempts_evaluate_s"] = [r["evaluate_s"] for r in tries]  # type: ignore[assignment]
-            row["ideal_s"] = row["calls"] * latency_s / level
-            row["ratio"] = row["evaluate_s"] / row["ideal_s"] if row["ideal_s"] else float("nan")
-            measured.append(row)
-    top = measured[-1]
-    passed = top["ratio"] <= CONCURRENCY_TARGET
-    table = [
-        "| concurrency | questions | LLM calls (stub) | calls recorded by the run | wall | ideal | "
-        f"ratio | target ≤ {CONCURRENCY_TARGET}× at {levels[-1]} | harness CPU | load (1 min) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for row in measured:
-        verdict = ("pass" if passed else "**miss**") if row is top else "–"
-        table.append(
-            f"| {row['concurrency']:.0f} | {row['questions']:.0f} | {row['calls']:.0f} | "
-            f"{row['recorded_calls']:.0f} | {row['evaluate_s']:.2f} s | {row['ideal_s']:.2f} s | "
-            f"{row['ratio']:.2f}× | {verdict} | {row['evaluate_cpu_s']:.2f} s | "
-            f"{row['load_1min']:.1f} |"
-        )
-    bound = top["ideal_s"] * CONCURRENCY_TARGET
-    why = ""
-    if not passed and top["evaluate_cpu_s"] > 0.8 * bound:
-        why = (
-            f"\n\nAt {top['concurrency']:.0f} the evaluation is CPU-bound: the harness process "
-            f"itself used {top['evaluate_cpu_s']:.2f} s of CPU "
-            f"({top['evaluate_cpu_s'] / top['questions'] * 1e3:.0f} ms/question) against a "
-            f"target wall of {bound:.2f} s, and its event loop runs on one core."
-        )
-    markdown = (
-        f"`llm=openai` against `experiments.openai_stub` in its own process with "
-        f"{latency_s * 1e3:.0f} ms per call, `strategy=multi-hop`, `retriever=wordllama`, "
-        f"`experiment.cache=false`, {top['questions']:.0f} questions of `dataset=curated`. "
-        "Wall = the evaluation (`Evaluator.run`: all questions answered and scored), the "
-        f"fastest of {attempts} attempts; ideal = calls × latency / concurrency, the time spent "
-        "waiting for the LLM if nothing else took any; ratio = wall / ideal; harness CPU = CPU "
-        "seconds of the harness process during the evaluation. Each run starts with a fresh "
-        "HTTP client (`experiments/bench_harness.py::fresh_http_clients`: langchain-openai's "
-        "process-wide client would otherwise resend the first requests of a run). Whole run() "
-        "(with setup and MLflow logging) at "
-        + ", ".join(f"{r['concurrency']:.0f}: {r['wall_s']:.2f} s" for r in measured)
-        + ".\n\n"
-        + "\n".join(table)
-        + why
-    )
-    return {"markdown": markdown, "rows": measured, "target": CONCURRENCY_TARGET, "met": passed}
 
 
 # --- (e) memory --------------------------------------------------------------------------------

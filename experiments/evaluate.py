@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import json
 import math
 import statistics
@@ -95,8 +96,10 @@ class QuestionRow:
         return row
 
     def to_json(self) -> dict[str, Any]:
-        """Every field as JSON-ready data (the journal of a run stores rows this way)."""
-        return dataclasses.asdict(self)
+        """Every field as JSON-ready data (the journal of a run stores rows this way). Its lists
+        and dicts are the row's own, not deep copies (`asdict` cost ~1 ms per row, on the event
+        loop, for a line that is only serialized)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> QuestionRow:
@@ -265,9 +268,13 @@ class Evaluator:
                     on_row(row)
             return rows
 
+        # What exists now (index, models, config) outlives the evaluation: frozen, it is not
+        # scanned by every full collection (one took 0.5 s of a 2 s evaluation).
+        gc.freeze()
         try:
             results = await asyncio.gather(*(one(case) for case in dataset.cases))
         finally:
+            gc.unfreeze()
             bar.close()
         return [row for rows in results for row in rows]
 

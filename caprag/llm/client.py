@@ -8,6 +8,10 @@ Transport retries (429, 5xx, timeouts) belong to the chat model's own client; a 
 arrives but cannot be read (a body cut short, no `choices`) is retried here like any reply that
 does not parse. One call, its transport retries included, is bounded by `timeout_s`
 (LLMTimeoutError). Error texts never carry a secret (caprag.secrets.redact).
+
+How a call reaches the chat model is its `calls` (ChatCalls): LangChain's runnables for any chat
+model (the default), or a thinner path with the same requests for the openai backend
+(caprag.llm.openai.OpenAICalls).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
@@ -39,8 +43,46 @@ class StepFailedError(StructuredOutputError):
         self.usage = usage
 
 
+class Invocable(Protocol):
+    """What a call is sent through: `ainvoke(messages)`."""
+
+    async def ainvoke(self, messages: list[BaseMessage], /) -> Any:
+        """A plain call's reply (an AIMessage); a structured call's {raw, parsed, parsing_error}."""
+        ...
+
+
+class ChatCalls(Protocol):
+    """How the client reaches its chat model."""
+
+    def structured(self, schema: dict[str, Any], method: str) -> Invocable:
+        """Calls whose reply is parsed as JSON fitting `schema`: {raw, parsed, parsing_error}."""
+        ...
+
+    def plain(self) -> Invocable:
+        """Calls whose reply is the message itself."""
+        ...
+
+
+class LangChainCalls:
+    """Through LangChain's runnables: `with_structured_output(include_raw=True)` and the model."""
+
+    def __init__(self, chat: BaseChatModel) -> None:
+        self.chat = chat
+
+    def structured(self, schema: dict[str, Any], method: str) -> Invocable:
+        """The structured-output runnable of the schema."""
+        runnable: Invocable = self.chat.with_structured_output(
+            schema, method=method, include_raw=True
+        )
+        return runnable
+
+    def plain(self) -> Invocable:
+        """The chat model."""
+        return self.chat
+
+
 class StructuredClient:
-    """Structured replies through `with_structured_output`, plain text through `ainvoke`."""
+    """Structured replies (JSON fitting a pydantic schema) and plain text from one chat model."""
 
     def __init__(
         self,
@@ -52,6 +94,7 @@ class StructuredClient:
         backend: str = "chat",
         cache: ResponseCache | None = None,
         timeout_s: float | None = None,
+        calls: ChatCalls | None = None,
     ) -> None:
         if parse_attempts < 1:
             raise ValueError("parse_attempts must be at least 1")
@@ -64,7 +107,8 @@ class StructuredClient:
         self.parse_attempts = parse_attempts
         self.backend = backend
         self.cache = cache
-        self._runnables: dict[type[BaseModel], Any] = {}
+        self.calls = calls or LangChainCalls(chat)
+        self._runnables: dict[type[BaseModel], Invocable] = {}
 
     def _key(self, prompt: Prompt, messages: list[BaseMessage], **extra: Any) -> str:
         """What shapes a reply: provider and endpoint, model, every message, the chat model's
@@ -100,12 +144,12 @@ class StructuredClient:
                 step=usage.step,
             )
 
-    def _runnable(self, schema: type[BaseModel]) -> Any:
-        """The structured-output runnable of a schema's JSON schema (parsed as JSON, validated by
-        `structured`), built once: building it costs more CPU than the rest of a call's work."""
+    def _runnable(self, schema: type[BaseModel]) -> Invocable:
+        """The structured calls of a schema's JSON schema (parsed as JSON, validated by
+        `structured`), built once: building them costs more CPU than the rest of a call's work."""
         if schema not in self._runnables:
-            self._runnables[schema] = self.chat.with_structured_output(
-                _json_schema(schema), method=self.structured_method, include_raw=True
+            self._runnables[schema] = self.calls.structured(
+                _json_schema(schema), self.structured_method
             )
         return self._runnables[schema]
 
@@ -188,7 +232,7 @@ class StructuredClient:
         failed = _merged(spent).model_copy(update={"error": f"unparseable reply: {detail}"})
         raise StepFailedError(schema.__name__, detail, self.parse_attempts, failed)
 
-    async def _send(self, step: str, runnable: Any, messages: list[BaseMessage]) -> Any:
+    async def _send(self, step: str, runnable: Invocable, messages: list[BaseMessage]) -> Any:
         """One request (with the chat model's transport retries) within `timeout_s`.
 
         Raises LLMTimeoutError past the bound, LLMCallError when the endpoint failed (HTTP
@@ -209,7 +253,7 @@ class StructuredClient:
         for attempt in range(1, self.parse_attempts + 1):
             t0 = time.perf_counter()
             try:
-                raw = await self._send(step, self.chat, messages)
+                raw = await self._send(step, self.calls.plain(), messages)
                 break
             except _UnreadableReplyError as unreadable:  # retried like an unparseable reply
                 if attempt == self.parse_attempts:

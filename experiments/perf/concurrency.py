@@ -1,0 +1,294 @@
+"""Concurrency at the latency limit: evaluation wall time against an LLM stub with fixed latency.
+
+`llm=openai` against `experiments.openai_stub` (its own process, fixed latency per call),
+`strategy=multi-hop`, `retriever=wordllama`, `dataset=curated`, response cache off, at several
+numbers of questions in flight. Wall = `Evaluator.run` (every question answered and scored);
+ideal = calls x latency / concurrency, the time spent waiting for the model if nothing else took
+any; ratio = wall / ideal. Each level asks enough questions (3 x its concurrency, at least
+`questions`) that that many are really in flight. A CPU profile of the evaluation (cProfile, at
+one chosen level) says where the harness's own time goes, by library.
+
+`python -m experiments.perf.concurrency [--levels 1 4 16 64] [--profile-at 16]` prints the
+Markdown, then the JSON; `make bench` runs it as section `concurrency`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from experiments.bench_harness import (
+    QUIET_ENV,
+    STUB_LATENCY_S,
+    _openai_overrides,
+    _stub_run,
+    environment,
+    stub_process,
+)
+
+TARGETS = {16: 1.3, 64: 1.5}
+"""Wall time at this many questions in flight may be at most this multiple of the ideal."""
+LEVELS = (1, 4, 16, 64)
+MIN_QUESTIONS = 48
+PER_SLOT = 3
+"""Questions per slot in flight: each slot answers at least this many in turn."""
+
+COMPONENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("LangChain (runnables, callbacks, parsers)", ("langchain_core", "langchain_openai")),
+    ("openai SDK", ("openai",)),
+    (
+        "HTTP (httpx, httpcore, anyio, h11)",
+        ("httpx", "httpcore", "anyio", "h11", "sniffio", "aiohttp", "yarl", "multidict"),
+    ),
+    ("LangGraph (graph, checkpointer)", ("langgraph", "ormsgpack")),
+    (
+        "retrieval (wordllama, numpy)",
+        ("wordllama", "numpy", "chromadb", "caprag/store", "caprag/hybrid"),
+    ),
+    ("scoring (RAGAS offline, nltk, rouge)", ("ragas", "nltk", "rouge_score", "rapidfuzz")),
+    ("pydantic", ("pydantic", "pydantic_core")),
+    ("caprag (steps, strategies, client)", ("caprag",)),
+    ("harness (evaluate, journal, rows)", ("experiments", "json", "dataclasses")),
+    ("asyncio, threads, selectors", ("asyncio", "concurrent", "threading", "selectors")),
+)
+"""Where a function's own CPU time is counted, by the path of its file (first match wins)."""
+
+
+def questions_for(level: int, least: int = MIN_QUESTIONS) -> int:
+    """Enough questions that `level` of them are in flight for most of the run."""
+    return max(least, PER_SLOT * level)
+
+
+def _overrides(questions: int, level: int) -> list[str]:
+    return [
+        *_openai_overrides(questions),
+        "experiment.cache=false",
+        f"experiment.concurrency={level}",
+    ]
+
+
+OTHER = "other"
+
+
+def _component(filename: str) -> str | None:
+    """The component a file belongs to; None for builtins and the rest of the standard library
+    (their time is counted where they were called from)."""
+    for name, markers in COMPONENTS:
+        if any(f"/{marker}/" in filename or f"/{marker}." in filename for marker in markers):
+            return name
+    return None
+
+
+Func = tuple[str, int, str]
+
+
+def cpu_by_component(stats: pstats.Stats) -> dict[str, float]:
+    """Own (not cumulative) profiled seconds per component, so nothing is counted twice; a
+    builtin or standard-library function's time is split over its callers' components by how
+    much of it each caller caused."""
+    table: dict[Func, Any] = stats.stats  # type: ignore[attr-defined]
+    memo: dict[Func, dict[str, float]] = {}
+
+    def shares(func: Func, depth: int = 0) -> dict[str, float]:
+        if func in memo:
+            return memo[func]
+        own = _component(func[0])
+        if own is not None:
+            return {own: 1.0}
+        callers = table.get(func, (0, 0, 0.0, 0.0, {}))[4]
+        weights = {caller: edge[3] for caller, edge in callers.items()}
+        total = sum(weights.values())
+        if depth >= 12 or total <= 0:
+            return {OTHER: 1.0}
+        memo[func] = {OTHER: 1.0}  # a cycle through this function counts as other
+        found: dict[str, float] = {}
+        for caller, weight in weights.items():
+            for name, part in shares(caller, depth + 1).items():
+                found[name] = found.get(name, 0.0) + part * weight / total
+        memo[func] = found
+        return found
+
+    seconds: dict[str, float] = {}
+    for func, (_cc, _nc, tottime, _ct, _callers) in table.items():
+        for name, part in shares(func).items():
+            seconds[name] = seconds.get(name, 0.0) + tottime * part
+    return seconds
+
+
+@contextmanager
+def profiling(profile: cProfile.Profile) -> Iterator[None]:
+    """Profile `Evaluator.run` (the evaluation only) while the block runs."""
+    from experiments.evaluate import Evaluator
+
+    original = Evaluator.run
+
+    async def run(self: Evaluator, *args: Any, **kwargs: Any) -> Any:
+        profile.enable()
+        try:
+            return await original(self, *args, **kwargs)
+        finally:
+            profile.disable()
+
+    Evaluator.run = run  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Evaluator.run = original  # type: ignore[method-assign]
+
+
+def measure(
+    levels: Sequence[int] = LEVELS,
+    latency_s: float = STUB_LATENCY_S,
+    attempts: int = 2,
+    least: int = MIN_QUESTIONS,
+    profile_at: int | None = 16,
+) -> dict[str, Any]:
+    """Every level's rows (the least disturbed of `attempts`) and the CPU profile at one level."""
+    measured: list[dict[str, Any]] = []
+    profile_rows: list[dict[str, Any]] = []
+    profiled: dict[str, float] = {}
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        stub_process(latency_s) as base_url,
+        environment(OPENAI_API_KEY="bench", OPENAI_BASE_URL=base_url, **QUIET_ENV),
+    ):
+        folder = Path(tmp)
+        _stub_run(folder, base_url, *_overrides(least, 1), "experiment.limit=2")  # warm-up
+        for level in levels:
+            count = questions_for(level, least)
+            tries = [
+                _stub_run(folder, base_url, *_overrides(count, level)) for _ in range(attempts)
+            ]
+            row: dict[str, Any] = min(tries, key=lambda r: r["evaluate_s"])
+            row["concurrency"] = level
+            row["attempts_evaluate_s"] = [r["evaluate_s"] for r in tries]
+            row["ideal_s"] = row["calls"] * latency_s / level
+            row["ratio"] = row["evaluate_s"] / row["ideal_s"] if row["ideal_s"] else float("nan")
+            row["target"] = TARGETS.get(level)
+            row["met"] = row["target"] is None or row["ratio"] <= row["target"]
+            row["cpu_ms_per_question"] = row["evaluate_cpu_s"] / row["questions"] * 1e3
+            measured.append(row)
+        if profile_at is not None:
+            count = questions_for(profile_at, least)
+            profile = cProfile.Profile(time.process_time)  # CPU, not waiting
+            with profiling(profile):
+                plain = _stub_run(folder, base_url, *_overrides(count, profile_at))
+            stats = pstats.Stats(profile)
+            profiled = cpu_by_component(stats)
+            total = sum(profiled.values()) or 1.0
+            # cProfile slows every call down; its shares are applied to the CPU time of the
+            # unprofiled run at the same level.
+            reference = next((r for r in measured if r["concurrency"] == profile_at), plain)
+            per_question = reference["evaluate_cpu_s"] / reference["questions"] * 1e3
+            profile_rows = [
+                {
+                    "component": name,
+                    "share": seconds / total,
+                    "cpu_ms_per_question": per_question * seconds / total,
+                }
+                for name, seconds in sorted(profiled.items(), key=lambda item: -item[1])
+            ]
+    return {
+        "rows": measured,
+        "latency_s": latency_s,
+        "attempts": attempts,
+        "profile_at": profile_at,
+        "profile": profile_rows,
+        "met": all(r["met"] for r in measured),
+    }
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The section's text: the setup, the table, the profile."""
+    rows = result["rows"]
+    latency_ms = result["latency_s"] * 1e3
+    table = [
+        "| in flight | questions | stub calls | calls recorded | wall | ideal | ratio | target "
+        "| harness CPU | CPU/question | load (1 min) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        target = "–"
+        if row["target"] is not None:
+            target = f"≤ {row['target']}× " + ("pass" if row["met"] else "**miss**")
+        table.append(
+            f"| {row['concurrency']} | {row['questions']:.0f} | {row['calls']:.0f} | "
+            f"{row['recorded_calls']:.0f} | {row['evaluate_s']:.2f} s | {row['ideal_s']:.2f} s | "
+            f"{row['ratio']:.2f}× | {target} | {row['evaluate_cpu_s']:.2f} s | "
+            f"{row['cpu_ms_per_question']:.1f} ms | {row['load_1min']:.1f} |"
+        )
+    text = (
+        f"`llm=openai` against `experiments.openai_stub` in its own process with "
+        f"{latency_ms:.0f} ms per call, `strategy=multi-hop`, `retriever=wordllama`, "
+        "`experiment.cache=false`, `dataset=curated` (each level asks "
+        f"{PER_SLOT} questions per slot in flight, at least {MIN_QUESTIONS}). Wall = the "
+        "evaluation (`Evaluator.run`: every question answered and scored), the fastest of "
+        f"{result['attempts']} attempts; ideal = stub calls × latency / in flight; ratio = "
+        "wall / ideal; harness CPU = CPU seconds of the harness process during the evaluation "
+        "(all its threads). Each run starts with fresh HTTP clients. Whole run() (setup and "
+        "MLflow logging included) at "
+        + ", ".join(f"{r['concurrency']}: {r['wall_s']:.2f} s" for r in rows)
+        + f". Load average {os.getloadavg()[0]:.1f} at the end, on {os.cpu_count()} cores.\n\n"
+        + "\n".join(table)
+    )
+    if result["profile"]:
+        lines = [
+            "| component | share of profiled CPU | CPU ms/question |",
+            "|---|---|---|",
+            *(
+                f"| {p['component']} | {p['share']:.0%} | {p['cpu_ms_per_question']:.1f} |"
+                for p in result["profile"]
+            ),
+        ]
+        text += (
+            f"\n\nWhere the harness CPU goes at {result['profile_at']} in flight: cProfile of "
+            "`Evaluator.run` timed in process CPU, each function's own time counted under the "
+            "library its file belongs to (a builtin's or other standard-library function's "
+            "under its callers'; work in worker threads, such as retrieval, under what the event "
+            "loop ran meanwhile); shares applied to the unprofiled CPU per question of the same "
+            "level.\n\n" + "\n".join(lines)
+        )
+    return text
+
+
+def section(levels: Sequence[int] = LEVELS) -> dict[str, object]:
+    """The `make bench` section."""
+    result = measure(levels)
+    return {
+        "markdown": markdown(result),
+        **result,
+        "targets": {str(k): v for k, v in TARGETS.items()},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure, print the Markdown, then the JSON."""
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.perf.concurrency", description=__doc__
+    )
+    parser.add_argument("--levels", type=int, nargs="+", default=list(LEVELS))
+    parser.add_argument("--attempts", type=int, default=2)
+    parser.add_argument("--latency", type=float, default=STUB_LATENCY_S)
+    parser.add_argument("--least", type=int, default=MIN_QUESTIONS, help="fewest questions")
+    parser.add_argument("--profile-at", type=int, default=16, help="0: no profile")
+    args = parser.parse_args(argv)
+    if min(args.levels) < 1 or args.attempts < 1 or args.latency <= 0:
+        parser.error("levels and attempts must be at least 1, latency above 0")
+    result = measure(args.levels, args.latency, args.attempts, args.least, args.profile_at or None)
+    print(markdown(result))
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
