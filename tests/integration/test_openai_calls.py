@@ -87,10 +87,10 @@ def outcome(call: Any) -> tuple[str, Any]:
         value, usage = asyncio.run(call)
     except Exception as exc:  # compared, not swallowed: both paths must raise the same
         usage = getattr(exc, "usage", None)
-        spent = usage.model_dump(exclude={"latency_s"}) if usage is not None else None
+        spent = usage.model_dump(exclude={"latency_s", "started_at"}) if usage is not None else None
         return "error", (type(exc).__name__, str(exc), spent)
     shown = value.model_dump() if hasattr(value, "model_dump") else value
-    return "value", (shown, usage.model_dump(exclude={"latency_s"}))
+    return "value", (shown, usage.model_dump(exclude={"latency_s", "started_at"}))
 
 
 def played(
