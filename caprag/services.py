@@ -233,6 +233,12 @@ class Pipeline:
             return []
         return list(saved.checkpoint["channel_values"].get("messages", []))
 
+    async def forget(self, thread_id: str) -> None:
+        """Delete a conversation's memory (an evaluation case's thread once its last turn ends)."""
+        await self.open()
+        assert self.checkpointer is not None
+        await self.checkpointer.adelete_thread(thread_id)
+
     async def ask(
         self, question: str, thread_id: str | None = None, power: int | None = None
     ) -> AskResult:

@@ -1,5 +1,5 @@
-"""Helpers for the benchmarks of the experiment harness itself, and the memory section (the
-overhead, concurrency and cache sections are in `experiments/perf/`, built on the helpers here).
+"""Helpers for the benchmarks of the experiment harness itself (the overhead, concurrency, cache
+and memory sections are in `experiments/perf/`).
 
 Each `bench_*` function is a section of `python -m experiments.bench` and returns its Markdown
 with the raw numbers. Runs go through the real `experiments.run.run(cfg)` (composed like the
@@ -15,7 +15,6 @@ import io
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -290,109 +289,4 @@ def _stub_run(folder: Path, base_url: str, *overrides: str) -> dict[str, float]:
         "reused_cases": result.summary.get("reused_cases", 0.0),
         "mlflow_results_s": watch.seconds.get("mlflow_results", 0.0),
         "mlflow_traces_s": watch.seconds.get("mlflow_traces", 0.0),
-    }
-
-
-# --- (e) memory --------------------------------------------------------------------------------
-
-
-def _rss_kib(pid: int) -> tuple[int, int]:
-    """(VmRSS, VmHWM) of a process in KiB; (0, 0) once it is gone."""
-    try:
-        fields = dict(
-            line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-        )
-    except (OSError, ValueError):
-        return 0, 0
-    if "VmRSS" not in fields:  # a zombie (exited, not yet waited for) has no memory lines
-        return 0, 0
-    return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
-
-
-def _questions_started(output: str) -> bool:
-    """run() prints 'run <name>: N questions' after setup, just before the first question."""
-    return any(line.startswith("run ") for line in output.splitlines())
-
-
-def bench_memory(
-    dataset: str = "all", retriever: str = "minilm", timeout_s: float = 3600.0
-) -> dict[str, object]:
-    """Peak RSS of `python -m experiments.run` (offline LLM) over a whole dataset, in a child."""
-    import resource
-
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        command = [
-            sys.executable,
-            "-m",
-            "experiments.run",
-            "llm=offline",
-            f"dataset={dataset}",
-            f"retriever={retriever}",
-            f"paths.store={folder / 'store'}",
-            f"paths.journals={folder / 'journals'}",
-            f"paths.cache={folder / 'llm-cache.sqlite'}",
-            f"tracking.uri=sqlite:///{folder / 'mlruns.db'}",
-            f"hydra.run.dir={folder / 'hydra'}",
-            "experiment.progress=false",
-            "experiment.resume=never",
-        ]
-        log_path = folder / "run.log"
-        children_before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        start = time.perf_counter()
-        peak = rss_at_questions = 0
-        samples = 0
-        with log_path.open("w") as log:
-            process = subprocess.Popen(
-                command,
-                cwd=PROJECT_ROOT,
-                env={**os.environ, **QUIET_ENV},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-            try:
-                while process.poll() is None:
-                    if time.perf_counter() - start > timeout_s:
-                        raise TimeoutError(f"the memory run took over {timeout_s:.0f} s")
-                    rss, hwm = _rss_kib(process.pid)
-                    peak = max(peak, hwm, rss)
-                    samples += 1
-                    if not rss_at_questions and _questions_started(log_path.read_text()):
-                        rss_at_questions = rss
-                    time.sleep(0.1)
-            finally:
-                if process.poll() is None:
-                    process.kill()
-                process.wait(timeout=30)
-        wall = time.perf_counter() - start
-        output = log_path.read_text()
-    if process.returncode != 0:
-        raise RuntimeError(f"the memory run failed ({process.returncode}): {output[-2000:]}")
-    children_after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    if children_after > children_before:  # this child set the new maximum: the exact peak
-        peak = max(peak, children_after)
-    header = next(line for line in output.splitlines() if line.startswith("run "))
-    count = int(header.split(": ", 1)[1].split(" questions")[0].split()[-1])
-    mib = peak / 1024
-    at_questions = rss_at_questions / 1024
-    markdown = (
-        f"`python -m experiments.run llm=offline dataset={dataset} retriever={retriever}` in a "
-        "subprocess with a fresh temporary store (so the run ingests and embeds the corpus "
-        "first), MLflow in a temporary SQLite file. Peak = the child's high-water RSS "
-        "(`/proc/<pid>/status` VmHWM polled every 0.1 s, checked against "
-        "`getrusage(RUSAGE_CHILDREN).ru_maxrss`).\n\n"
-        "| dataset | questions | peak RSS | RSS when questions start | "
-        "growth after (answering + logging) | wall |\n|---|---|---|---|---|---|\n"
-        f"| {dataset} | {count} | {mib:.0f} MiB | {at_questions:.0f} MiB | "
-        f"{mib - at_questions:.0f} MiB ({(mib - at_questions) / count * 1024:.0f} KiB/question) "
-        f"| {wall:.0f} s |"
-    )
-    return {
-        "markdown": markdown,
-        "dataset": dataset,
-        "retriever": retriever,
-        "questions": count,
-        "peak_mib": mib,
-        "rss_at_questions_mib": at_questions,
-        "wall_s": wall,
     }

@@ -281,9 +281,19 @@ class Evaluator:
     async def run_case(
         self, case: EvalCase, bar: tqdm[Any] | None = None, repeat: int = 0
     ) -> list[QuestionRow]:
-        """Ask each turn on one thread; score it or record why it failed."""
+        """Ask each turn on one thread, then delete the thread's memory (only the rows are
+        kept: a long run holds no conversation it has finished); score each turn or record why
+        it failed."""
         thread = f"eval-{case.id}-{uuid.uuid4().hex[:8]}"
         pipeline = self.pipeline_for(case)
+        try:
+            return await self._ask_turns(case, pipeline, thread, bar, repeat)
+        finally:
+            await pipeline.forget(thread)
+
+    async def _ask_turns(
+        self, case: EvalCase, pipeline: Pipeline, thread: str, bar: tqdm[Any] | None, repeat: int
+    ) -> list[QuestionRow]:
         rows = []
         for number, turn in enumerate(case.turns, start=1):
             row = QuestionRow(

@@ -203,6 +203,10 @@ def log_results(
 
 
 def _frame(records: list[dict[str, Any]]) -> Any:
+    """The rows as a DataFrame whose text columns hold the records' own strings: pandas'
+    default Arrow storage would copy every trace and call into Arrow and back to write the
+    JSON, twice the table's size at the end of a long run (same file either way)."""
     import pandas as pd
 
-    return pd.DataFrame.from_records(records)
+    with pd.option_context("mode.string_storage", "python"):
+        return pd.DataFrame.from_records(records)
