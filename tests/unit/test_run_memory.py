@@ -137,7 +137,11 @@ class RememberingPipeline(Pipeline):
 def without_clock(data: Any) -> Any:
     """JSON-shaped data without what the clock sets (latencies and timings)."""
     if isinstance(data, dict):
-        return {k: without_clock(v) for k, v in data.items() if k not in ("latency_s", "timings")}
+        return {
+            k: without_clock(v)
+            for k, v in data.items()
+            if k not in ("latency_s", "timings", "started_ns", "started_at")
+        }
     if isinstance(data, list):
         return [without_clock(item) for item in data]
     return data
