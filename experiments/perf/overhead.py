@@ -100,7 +100,14 @@ def bench_overhead(questions: int = 100, warmup: int = 5, attempts: int = 2) -> 
     from experiments import traces
 
     llm = ["llm=offline", f"++llm._target_={instant_steps.__module__}.instant_steps"]
-    common = [*llm, "retriever=wordllama", "dataset=curated", "experiment.concurrency=1"]
+    # No row reuse: every run answers every question (the runs share one store and cache file).
+    common = [
+        *llm,
+        "retriever=wordllama",
+        "dataset=curated",
+        "experiment.concurrency=1",
+        "experiment.cache=false",
+    ]
     per_set = f"experiment.limit_per_set={max(1, questions // 2)}"
     extra: dict[str, tuple[object, str]] = {
         "mlflow_traces": (traces.TraceWriter, "close"),
@@ -135,6 +142,7 @@ def bench_overhead(questions: int = 100, warmup: int = 5, attempts: int = 2) -> 
     markdown = (
         f"{n} questions of `dataset=curated` (first {questions // 2} of single_book and of "
         "cross_book), `strategy=multi-hop`, `retriever=wordllama`, `experiment.concurrency=1`, "
+        "`experiment.cache=false` (every run answers every question), "
         "through `experiments.run.run(cfg)`. The LLM is `instant_steps` "
         "(`experiments/bench_harness.py`): minimal valid replies at once, zero usage, so every "
         "millisecond here is the harness's own. "
