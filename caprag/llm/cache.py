@@ -32,6 +32,18 @@ def cache_key(**parts: Any) -> str:
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
+def open_table(path: Path, table: str) -> sqlite3.Connection:
+    """A connection to the SQLite file at `path` (created with its folder; WAL mode, a busy
+    timeout, shared across threads) with `table` ("name (columns...)") created if missing.
+    Raises OSError or sqlite3.Error."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(path, timeout=30, check_same_thread=False)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute(f"CREATE TABLE IF NOT EXISTS {table}")
+    db.commit()
+    return db
+
+
 class ResponseCache:
     """A key → JSON reply store in one SQLite file, safe across threads and processes."""
 
@@ -41,15 +53,11 @@ class ResponseCache:
         self.misses = 0
         self._lock = threading.Lock()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(
-                "CREATE TABLE IF NOT EXISTS replies ("
-                " key TEXT PRIMARY KEY, model TEXT, step TEXT, value TEXT NOT NULL,"
-                " created REAL DEFAULT (julianday('now')))"
+            self._db = open_table(
+                self.path,
+                "replies (key TEXT PRIMARY KEY, model TEXT, step TEXT, value TEXT NOT NULL,"
+                " created REAL DEFAULT (julianday('now')))",
             )
-            self._db.commit()
         except (OSError, sqlite3.Error) as exc:
             raise CacheError(
                 f"cannot open the LLM response cache {self.path}: {exc} "

@@ -32,6 +32,7 @@ from typing import Any
 
 from caprag.config import PROJECT_ROOT
 from caprag.errors import CapragError
+from caprag.llm.cache import open_table
 from experiments.data import EvalCase
 from experiments.evaluate import QuestionRow
 from experiments.journal import VOLATILE, _without
@@ -149,15 +150,11 @@ class RowCache:
         self.hits = 0
         self._lock = threading.Lock()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(
-                "CREATE TABLE IF NOT EXISTS rows ("
-                " key TEXT PRIMARY KEY, value BLOB NOT NULL,"
-                " created REAL DEFAULT (julianday('now')))"
+            self._db = open_table(
+                self.path,
+                "rows (key TEXT PRIMARY KEY, value BLOB NOT NULL,"
+                " created REAL DEFAULT (julianday('now')))",
             )
-            self._db.commit()
         except (OSError, sqlite3.Error) as exc:
             raise RowCacheError(
                 f"cannot open the row cache in {self.path}: {exc} "
