@@ -1,9 +1,16 @@
-"""The journal of a run: every finished case, appended and synced as it ends, so a run killed
-half-way (even by kill -9) resumes without losing or repeating a question.
+"""The journal of a run: every finished case, written as it ends, so a run killed half-way
+(even by kill -9) resumes without losing or repeating a question.
 
 One JSON line per finished case (all its turns' rows): a conversation is redone whole, because its
 memory is not journaled. A line torn by the kill is ignored. While a run writes its journal it
 holds an exclusive lock on it, so a second process can tell a live run from a dead one.
+
+What survives what: `append` writes and flushes the line before it returns, so the line is in the
+kernel and survives the harness being killed (kill -9, OOM) at any later moment. It reaches the
+disk (surviving a power cut or an operating system crash) when a background thread fsyncs the
+file: as soon as the previous fsync ends, one fsync for every line written meanwhile (a group
+commit), usually within milliseconds. `close` and `sync` wait until every line is on disk. The
+event loop never waits for the disk (an fsync took 3.6-3.9 ms per case, on the loop).
 """
 
 from __future__ import annotations
@@ -12,6 +19,8 @@ import fcntl
 import hashlib
 import json
 import os
+import threading
+import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -23,6 +32,7 @@ from experiments.evaluate import QuestionRow
 VOLATILE = (
     "experiment.resume",
     "experiment.concurrency",
+    "experiment.workers",
     "experiment.progress",
     "experiment.dry_run",
     "experiment.dry_run_sample",
@@ -38,6 +48,10 @@ VOLATILE = (
 
 class JournalBusyError(CapragError):
     """Another live process is writing this run's journal."""
+
+
+class JournalSyncError(CapragError):
+    """The journal's lines could not be synced to disk."""
 
 
 def config_hash(config: Mapping[str, Any], dataset_hash: str) -> str:
@@ -68,6 +82,7 @@ class Journal:
     def __init__(self, folder: Path | str, name: str) -> None:
         self.path = Path(folder) / f"{name}.jsonl"
         self._handle: IO[str] | None = None
+        self._syncer: _Syncer | None = None
 
     @property
     def exists(self) -> bool:
@@ -87,6 +102,10 @@ class Journal:
             ) from None
         _drop_torn_tail(self.path)
         self._handle = handle
+        self._syncer = _Syncer(self.path)
+        # A journal dropped without close (a run that raised) stops its thread; the lock goes
+        # with the handle.
+        weakref.finalize(self, self._syncer.stop)
         return self
 
     def busy(self) -> bool:
@@ -118,21 +137,98 @@ class Journal:
                 yield json.loads(line)
 
     def append(self, key: str, rows: list[QuestionRow]) -> None:
-        """Record a finished case durably (flushed and fsynced before returning)."""
-        if self._handle is None:
+        """Record a finished case: written and flushed to the kernel before returning (it
+        survives a kill of this process); the background thread fsyncs it soon after."""
+        if self._handle is None or self._syncer is None:
             raise RuntimeError("journal is not open")
         line = json.dumps({"case": key, "rows": [r.to_json() for r in rows]}, ensure_ascii=False)
         self._handle.write(line + "\n")
         self._handle.flush()
-        os.fsync(self._handle.fileno())
+        self._syncer.written()
+
+    def sync(self) -> None:
+        """Wait until every line appended so far is on disk (JournalSyncError if it cannot be)."""
+        if self._syncer is not None:
+            self._syncer.wait()
 
     def close(self, *, remove: bool = False) -> None:
-        """Release the lock; `remove` deletes the journal (the run is complete and logged)."""
-        if self._handle is not None:
-            self._handle.close()
-            self._handle = None
+        """Sync every line to disk and release the lock; `remove` deletes the journal (the run
+        is complete and logged)."""
+        try:
+            if self._handle is not None and self._syncer is not None:
+                self._syncer.stop()
+                self._syncer.check()
+                os.fsync(self._handle.fileno())
+        finally:
+            if self._handle is not None:
+                self._handle.close()
+                self._handle = None
+            self._syncer = None
         if remove:
             self.path.unlink(missing_ok=True)
+
+
+class _Syncer:
+    """fsyncs the journal file in a background thread, once for all the lines written since the
+    last fsync. It syncs through its own read-only descriptor (fsync flushes the file, whichever
+    descriptor names it), so it neither holds the journal's lock nor keeps its handle alive."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_RDONLY)
+        self._lines = 0
+        self._synced = 0
+        self._stopping = False
+        self._error: OSError | None = None
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._serve, name="journal-fsync", daemon=True)
+        self._thread.start()
+
+    def written(self) -> None:
+        """One more line is in the kernel: sync it (and raise an earlier sync's error)."""
+        self.check()
+        with self._changed:
+            self._lines += 1
+            self._changed.notify_all()
+
+    def wait(self) -> None:
+        """Block until every line written so far is synced."""
+        with self._changed:
+            wanted = self._lines
+            self._changed.wait_for(lambda: self._synced >= wanted or self._error is not None)
+        self.check()
+
+    def check(self) -> None:
+        """Raise the error of a failed fsync, once."""
+        error, self._error = self._error, None
+        if error is not None:
+            raise JournalSyncError(f"cannot sync the run journal {self.path}: {error}") from error
+
+    def stop(self) -> None:
+        """Sync what is pending, end the thread and close the descriptor (idempotent)."""
+        with self._changed:
+            if self._stopping:
+                return
+            self._stopping = True
+            self._changed.notify_all()
+        self._thread.join()
+        os.close(self._fd)
+
+    def _serve(self) -> None:
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: self._lines > self._synced or self._stopping)
+                target, stopping = self._lines, self._stopping
+            if target > self._synced:
+                try:
+                    os.fsync(self._fd)
+                except OSError as exc:
+                    self._error = exc
+                with self._changed:
+                    self._synced = target
+                    self._changed.notify_all()
+            if stopping:
+                return
 
 
 def _drop_torn_tail(path: Path) -> None:

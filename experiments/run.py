@@ -43,6 +43,7 @@ from experiments.evaluate import (
     failures,
     summary_metrics,
 )
+from experiments.harness import workers
 from experiments.harness.reuse import RowCache, run_fingerprint
 from experiments.journal import Journal, case_key, config_hash
 from experiments.questions import DatasetError
@@ -198,6 +199,7 @@ def check_settings(cfg: DictConfig) -> None:
     _whole(cfg, "experiment.limit", 1, "run the first N cases", null="every case")
     _limit_per_set(cfg)
     _whole(cfg, "experiment.concurrency", 1, "questions in flight at once")
+    _workers(cfg)
     _whole(cfg, "experiment.repeats", 1, "times every question is run")
     _positive(cfg, "experiment.question_timeout_s", "seconds one question may take")
     _whole(cfg, "experiment.dry_run_sample", 1, "questions the dry run asks offline")
@@ -227,6 +229,18 @@ def check_settings(cfg: DictConfig) -> None:
             1,
             "the output cap of one judge reply",
             null="the server's default",
+        )
+
+
+def _workers(cfg: DictConfig) -> None:
+    value = OmegaConf.select(cfg, "experiment.workers", default=workers.AUTO)
+    if value != workers.AUTO and (
+        isinstance(value, bool) or not isinstance(value, int) or value < 1
+    ):
+        raise _bad(
+            "experiment.workers",
+            value,
+            "auto or a whole number of at least 1 (processes that answer the questions)",
         )
 
 
@@ -379,6 +393,8 @@ def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
     """
     check_settings(cfg)
     dry = bool(cfg.experiment.dry_run)
+    if not dry:
+        workers.prepare(cfg)  # the workers' server imports while the components are built
     parts = build_components(cfg, llm=not dry)
     raw = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(raw, dict)
@@ -407,6 +423,7 @@ def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
     with (
         traces.writer(writing) as trace_writer,  # forked first: it must not hold the journal
         identity.open(name, sweep_id, tags) as (journal, run_id),
+        workers.pool(cfg, config) as pool,
     ):
         done = journal.done()
         resumed = sum(len(rows) for rows in done.values())
@@ -421,7 +438,7 @@ def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
         reuse = row_cache(cfg, parts, config)
         try:
             rows = asyncio.run(
-                _evaluate_repeats(cfg, parts, repeats, done, journal, trace_writer, reuse)
+                _evaluate_repeats(cfg, parts, repeats, done, journal, trace_writer, reuse, pool)
             )
         finally:
             if reuse is not None:
@@ -469,8 +486,10 @@ async def _evaluate_repeats(
     journal: Journal,
     trace_writer: traces.TraceWriter | None = None,
     reuse: RowCache | None = None,
+    pool: workers.WorkerPool | None = None,
 ) -> list[QuestionRow]:
-    """Every repeat in one event loop (HTTP clients are bound to the loop that opened them).
+    """Every repeat in one event loop (HTTP clients are bound to the loop that opened them), or
+    over the pool's worker processes (experiment.workers).
 
     Cases the journal has (a resumed run) or the row cache has (an identical earlier run) are not
     asked again. A case that finishes is journaled, offered to the row cache and its traces
@@ -496,7 +515,7 @@ async def _evaluate_repeats(
                     known[case.id] = found
                     if trace_writer is not None:
                         trace_writer.submit(found)
-        rows += await evaluator.run(
+        rows += await (evaluator.run if pool is None else pool.run)(
             parts.dataset,
             done=known,
             on_case=record,
