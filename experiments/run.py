@@ -422,8 +422,8 @@ def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
     writing = bool(cfg.tracking.enabled and cfg.tracking.traces)
     with (
         traces.writer(writing) as trace_writer,  # forked first: it must not hold the journal
+        workers.pool(cfg, config) as pool,  # started while the MLflow run and journal open
         identity.open(name, sweep_id, tags) as (journal, run_id),
-        workers.pool(cfg, config) as pool,
     ):
         done = journal.done()
         resumed = sum(len(rows) for rows in done.values())

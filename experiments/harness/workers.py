@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 import multiprocessing
 import os
 import signal
@@ -60,21 +61,8 @@ components, ~1 s) and memory (its own index and models) would cost more than it 
 AUTO_PER_WORKER = 8
 """`auto` gives each worker at least this many questions in flight (16 -> 2, 64 -> cores)."""
 
-PRELOAD = (
-    __name__,
-    "experiments.ragas_metrics",
-    "caprag.embeddings",
-    "caprag.onnx_minilm",
-    "onnxruntime",
-    "tokenizers",
-    "wordllama",
-    "chromadb",
-    "bm25s",
-    "langchain_openai",
-    "aiohttp",
-)
-"""Imported once by the fork server, so a worker starts with them loaded (they are importable
-without opening anything; a missing optional one is skipped by the server)."""
+PRELOAD = ("experiments.harness.worker_preload",)
+"""What the fork server imports once, so that a worker starts with it loaded."""
 STOP_TIMEOUT_S = 30.0
 """How long a worker told to stop may take before it is terminated."""
 
@@ -160,7 +148,8 @@ class Worker:
     """Worker -> parent: ("case", repeat, case id, rows), ("failed", message), ("cpu", ...)."""
     error: str = ""
     cpu_s: dict[str, float] = field(default_factory=dict)
-    """CPU seconds the worker spent building its components and in all (reported as it stops)."""
+    """CPU seconds the worker spent building its components, answering and in all, and the wall
+    seconds until it was built (reported as it stops)."""
 
     @property
     def name(self) -> str:
@@ -195,7 +184,13 @@ class WorkerPool:
                 outbox, worker_out = context.Pipe(duplex=False)
                 process = context.Process(
                     target=serve,
-                    args=(dict(config), dict(os.environ), worker_in, worker_out),
+                    args=(
+                        config,
+                        dict(os.environ),
+                        logging.getLogger().level,
+                        worker_in,
+                        worker_out,
+                    ),
                     name=f"caprag-worker-{number + 1}",
                     daemon=True,
                 )
@@ -336,19 +331,32 @@ def pool(cfg: DictConfig, config: Mapping[str, Any]) -> Iterator[WorkerPool | No
 
 
 def serve(
-    config: dict[str, Any], environ: dict[str, str], inbox: Connection, outbox: Connection
+    config: Mapping[str, Any],
+    environ: dict[str, str],
+    log_level: int,
+    inbox: Connection,
+    outbox: Connection,
 ) -> None:
     """A worker's life: build the components, answer the cases it is sent until told to stop
     (or until the parent is gone), then report its CPU time."""
+    started = time.monotonic()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which stops us
     os.environ.clear()
     os.environ.update(environ)  # the fork server's environment is the one it started with
+    # The parent's verbosity, to stderr (an import in the fork server, wordllama's, set the root
+    # logger to INFO, which would print every HTTP request).
+    logging.basicConfig(level=log_level or logging.WARNING, force=True)
     try:
-        asyncio.run(_answer(config, inbox, outbox))
+        asyncio.run(_answer(config, inbox, outbox, started))
     except Exception as exc:
         with contextlib.suppress(OSError):
             outbox.send(("failed", f"{type(exc).__name__}: {exc}"))
         sys.exit(1)
+    # Nothing is left to write (each reply was committed to the cache as it came), so skip the
+    # interpreter's teardown of some 3,700 modules, which the parent would wait for.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def worker_config(config: Mapping[str, Any]) -> DictConfig:
@@ -360,12 +368,14 @@ def worker_config(config: Mapping[str, Any]) -> DictConfig:
     return cfg
 
 
-async def _answer(config: Mapping[str, Any], inbox: Connection, outbox: Connection) -> None:
+async def _answer(
+    config: Mapping[str, Any], inbox: Connection, outbox: Connection, started: float
+) -> None:
     from experiments.run import build_components, evaluator_for, steps_from_config
 
     cfg = worker_config(config)
     parts = build_components(cfg)
-    built = time.process_time()
+    built, built_wall = time.process_time(), time.monotonic() - started
     cases = {case.id: case for case in parts.dataset.cases}
     evaluators: dict[int, Evaluator] = {}
     gc.freeze()  # what is built now lives as long as the worker (see Evaluator.run)
@@ -409,4 +419,5 @@ async def _answer(config: Mapping[str, Any], inbox: Connection, outbox: Connecti
         task.cancel()
     if told:
         total = time.process_time()
-        outbox.send(("cpu", {"build": built, "answer": total - built, "total": total}))
+        cpu = {"build": built, "answer": total - built, "total": total, "build_wall": built_wall}
+        outbox.send(("cpu", cpu))

@@ -5,11 +5,14 @@
 numbers of questions in flight. Wall = `Evaluator.run` (every question answered and scored);
 ideal = calls x latency / concurrency, the time spent waiting for the model if nothing else took
 any; ratio = wall / ideal. Each level asks enough questions (3 x its concurrency, at least
-`questions`) that that many are really in flight. A CPU profile of the evaluation (cProfile, at
-one chosen level) says where the harness's own time goes, by library.
+`questions`) that that many are really in flight. Every level runs with the harness's default
+`experiment.workers=auto`; at the levels in `--single-at` (16 and 64) also with one process, so
+the gain of the worker processes shows. CPU is counted per process: the harness (parent), its
+workers (each reports its own) and the stub server. A CPU profile of a one-process evaluation
+(cProfile, at one chosen level) says where the harness's own time per question goes, by library.
 
-`python -m experiments.perf.concurrency [--levels 1 4 16 64] [--profile-at 16]` prints the
-Markdown, then the JSON; `make bench` runs it as section `concurrency`.
+`python -m experiments.perf.concurrency [--levels 1 4 16 64] [--single-at 16 64] [--profile-at 16]`
+prints the Markdown, then the JSON; `make bench` runs it as section `concurrency`.
 """
 
 from __future__ import annotations
@@ -32,13 +35,19 @@ from experiments.bench_harness import (
     STUB_LATENCY_S,
     _openai_overrides,
     _stub_run,
+    compose_cfg,
     environment,
+    fresh_http_clients,
     stub_process,
+    stub_requests,
+    timed_run,
 )
 
 TARGETS = {16: 1.3, 64: 1.5}
 """Wall time at this many questions in flight may be at most this multiple of the ideal."""
 LEVELS = (1, 4, 16, 64)
+SINGLE_AT = (16, 64)
+"""Levels also measured with one process (experiment.workers=1) beside the default (auto)."""
 MIN_QUESTIONS = 48
 PER_SLOT = 3
 """Questions per slot in flight: each slot answers at least this many in turn."""
@@ -69,12 +78,90 @@ def questions_for(level: int, least: int = MIN_QUESTIONS) -> int:
     return max(least, PER_SLOT * level)
 
 
-def _overrides(questions: int, level: int) -> list[str]:
+def _overrides(questions: int, level: int, workers: str = "auto") -> list[str]:
     return [
         *_openai_overrides(questions),
         "experiment.cache=false",
         f"experiment.concurrency={level}",
+        f"experiment.workers={workers}",
     ]
+
+
+def _process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far (Linux /proc; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _stub_pid() -> int | None:
+    """The stub server among this process's children."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == os.getpid() and b"experiments.openai_stub" in command:
+            return int(entry.name)
+    return None
+
+
+def _pooled_run(folder: Path, base_url: str, *overrides: str) -> dict[str, Any]:
+    """One run against the stub with the evaluation timed as `_evaluate_repeats` (in this
+    process or over workers), and the CPU of each process: this one during the evaluation,
+    each worker's (as it reports when stopped) and the stub's."""
+    from experiments import run as run_module
+    from experiments import traces
+    from experiments.harness import workers
+
+    fresh_http_clients()
+    cfg = compose_cfg(folder, *overrides)
+    reports: list[dict[str, float]] = []
+    close = workers.WorkerPool.close
+    finish = traces.TraceWriter.finish
+    writer_cpu: list[float] = []
+
+    def keep_reports(pool: workers.WorkerPool, *, graceful: bool = True) -> None:
+        close(pool, graceful=graceful)
+        reports.extend(worker.cpu_s for worker in pool.workers)
+
+    def writer_cpu_then_finish(writer: traces.TraceWriter) -> None:
+        writer_cpu.append(_process_cpu_s(writer._process.pid or 0))  # once every row was sent
+        finish(writer)
+
+    stub = _stub_pid()
+    stub_cpu = _process_cpu_s(stub) if stub else 0.0
+    before = stub_requests(base_url)
+    workers.WorkerPool.close = keep_reports  # type: ignore[method-assign,assignment]
+    traces.TraceWriter.finish = writer_cpu_then_finish  # type: ignore[method-assign,assignment]
+    try:
+        result, watch, wall = timed_run(cfg, extra={"evaluate": (run_module, "_evaluate_repeats")})
+    finally:
+        workers.WorkerPool.close = close  # type: ignore[method-assign]
+        traces.TraceWriter.finish = finish  # type: ignore[method-assign]
+    questions = float(len(result.rows))
+    return {
+        "questions": questions,
+        "workers": workers.worker_count(cfg),
+        "calls": float(stub_requests(base_url) - before),
+        "recorded_calls": sum(row.values.get("llm_calls", 0.0) for row in result.rows),
+        "evaluate_s": watch.seconds["evaluate"],
+        "evaluate_cpu_s": watch.cpu["evaluate"],
+        "workers_cpu_s": sum(r.get("answer", 0.0) for r in reports),
+        "workers_build_cpu_s": sum(r.get("build", 0.0) for r in reports),
+        "workers_build_wall_s": max((r.get("build_wall", 0.0) for r in reports), default=0.0),
+        "stub_cpu_s": (_process_cpu_s(stub) - stub_cpu) if stub else float("nan"),
+        "trace_writer_cpu_s": sum(writer_cpu),
+        "load_1min": os.getloadavg()[0],
+        "setup_s": watch.seconds["setup"],
+        "wall_s": wall,
+    }
 
 
 OTHER = "other"
@@ -152,8 +239,10 @@ def measure(
     attempts: int = 2,
     least: int = MIN_QUESTIONS,
     profile_at: int | None = 16,
+    single_at: Sequence[int] = SINGLE_AT,
 ) -> dict[str, Any]:
-    """Every level's rows (the least disturbed of `attempts`) and the CPU profile at one level."""
+    """Every level's rows (the least disturbed of `attempts`) with the default worker count and,
+    at `single_at`, with one process; and the CPU profile of one process at one level."""
     measured: list[dict[str, Any]] = []
     profile_rows: list[dict[str, Any]] = []
     profiled: dict[str, float] = {}
@@ -163,32 +252,47 @@ def measure(
         environment(OPENAI_API_KEY="bench", OPENAI_BASE_URL=base_url, **QUIET_ENV),
     ):
         folder = Path(tmp)
-        _stub_run(folder, base_url, *_overrides(least, 1), "experiment.limit=2")  # warm-up
-        for level in levels:
+        # Warm-up: imports, the index, and the workers' fork server (started once per harness
+        # process; its start-up is reported apart as the first pooled run's whole wall).
+        _pooled_run(folder, base_url, *_overrides(least, 1), "experiment.limit=2")
+        first = _pooled_run(folder, base_url, *_overrides(least, 2, "2"), "experiment.limit=4")
+        plan = [(level, "auto") for level in levels]
+        plan += [(level, "1") for level in levels if level in single_at]
+        for level, workers in plan:
             count = questions_for(level, least)
             tries = [
-                _stub_run(folder, base_url, *_overrides(count, level)) for _ in range(attempts)
+                _pooled_run(folder, base_url, *_overrides(count, level, workers))
+                for _ in range(attempts)
             ]
             row: dict[str, Any] = min(tries, key=lambda r: r["evaluate_s"])
             row["concurrency"] = level
+            row["setting"] = workers
             row["attempts_evaluate_s"] = [r["evaluate_s"] for r in tries]
             row["ideal_s"] = row["calls"] * latency_s / level
             row["ratio"] = row["evaluate_s"] / row["ideal_s"] if row["ideal_s"] else float("nan")
             row["target"] = TARGETS.get(level)
             row["met"] = row["target"] is None or row["ratio"] <= row["target"]
             row["cpu_ms_per_question"] = row["evaluate_cpu_s"] / row["questions"] * 1e3
+            row["workers_cpu_ms_per_question"] = row["workers_cpu_s"] / row["questions"] * 1e3
+            row["stub_cpu_ms_per_question"] = row["stub_cpu_s"] / row["questions"] * 1e3
+            row["trace_writer_cpu_ms_per_question"] = (
+                row["trace_writer_cpu_s"] / row["questions"] * 1e3
+            )
             measured.append(row)
         if profile_at is not None:
             count = questions_for(profile_at, least)
             profile = cProfile.Profile(time.process_time)  # CPU, not waiting
             with profiling(profile):
-                plain = _stub_run(folder, base_url, *_overrides(count, profile_at))
+                plain = _stub_run(folder, base_url, *_overrides(count, profile_at, "1"))
             stats = pstats.Stats(profile)
             profiled = cpu_by_component(stats)
             total = sum(profiled.values()) or 1.0
             # cProfile slows every call down; its shares are applied to the CPU time of the
             # unprofiled run at the same level.
-            reference = next((r for r in measured if r["concurrency"] == profile_at), plain)
+            reference = next(
+                (r for r in measured if r["concurrency"] == profile_at and r["workers"] == 1),
+                plain,
+            )
             per_question = reference["evaluate_cpu_s"] / reference["questions"] * 1e3
             profile_rows = [
                 {
@@ -204,7 +308,8 @@ def measure(
         "attempts": attempts,
         "profile_at": profile_at,
         "profile": profile_rows,
-        "met": all(r["met"] for r in measured),
+        "first_pooled_run_s": first["wall_s"],
+        "met": all(r["met"] for r in measured if r["setting"] == "auto"),
     }
 
 
@@ -213,33 +318,46 @@ def markdown(result: dict[str, Any]) -> str:
     rows = result["rows"]
     latency_ms = result["latency_s"] * 1e3
     table = [
-        "| in flight | questions | stub calls | calls recorded | wall | ideal | ratio | target "
-        "| harness CPU | CPU/question | load (1 min) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| in flight | workers | questions | stub calls | wall | ideal | ratio | target "
+        "| CPU ms/question: harness | workers | trace writer | stub | worker start-up "
+        "| load (1 min) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         target = "–"
         if row["target"] is not None:
             target = f"≤ {row['target']}× " + ("pass" if row["met"] else "**miss**")
+        setting = "auto" if row["setting"] == "auto" else "set"
+        start = f"{row['workers_build_wall_s']:.2f} s" if row["workers"] > 1 else "–"
         table.append(
-            f"| {row['concurrency']} | {row['questions']:.0f} | {row['calls']:.0f} | "
-            f"{row['recorded_calls']:.0f} | {row['evaluate_s']:.2f} s | {row['ideal_s']:.2f} s | "
-            f"{row['ratio']:.2f}× | {target} | {row['evaluate_cpu_s']:.2f} s | "
-            f"{row['cpu_ms_per_question']:.1f} ms | {row['load_1min']:.1f} |"
+            f"| {row['concurrency']} | {row['workers']} ({setting}) | {row['questions']:.0f} | "
+            f"{row['calls']:.0f} | {row['evaluate_s']:.2f} s | {row['ideal_s']:.2f} s | "
+            f"{row['ratio']:.2f}× | {target} | {row['cpu_ms_per_question']:.1f} | "
+            f"{row['workers_cpu_ms_per_question']:.1f} | "
+            f"{row['trace_writer_cpu_ms_per_question']:.1f} | "
+            f"{row['stub_cpu_ms_per_question']:.1f} | "
+            f"{start} | {row['load_1min']:.1f} |"
         )
     text = (
         f"`llm=openai` against `experiments.openai_stub` in its own process with "
         f"{latency_ms:.0f} ms per call, `strategy=multi-hop`, `retriever=wordllama`, "
         "`experiment.cache=false`, `dataset=curated` (each level asks "
-        f"{PER_SLOT} questions per slot in flight, at least {MIN_QUESTIONS}). Wall = the "
-        "evaluation (`Evaluator.run`: every question answered and scored), the fastest of "
+        f"{PER_SLOT} questions per slot in flight, at least {MIN_QUESTIONS}). Every level with "
+        "the default `experiment.workers=auto`, some also with one process (`set`). Wall = the "
+        "evaluation (`_evaluate_repeats`: every question answered, scored, journaled; with "
+        "workers, their start-up included), the fastest of "
         f"{result['attempts']} attempts; ideal = stub calls × latency / in flight; ratio = "
-        "wall / ideal; harness CPU = CPU seconds of the harness process during the evaluation "
-        "(all its threads). Each run starts with fresh HTTP clients. Whole run() (setup and "
-        "MLflow logging included) at "
-        + ", ".join(f"{r['concurrency']}: {r['wall_s']:.2f} s" for r in rows)
-        + f". Load average {os.getloadavg()[0]:.1f} at the end, on {os.cpu_count()} cores.\n\n"
-        + "\n".join(table)
+        "wall / ideal. CPU per question: harness = the harness process during the evaluation "
+        "(all its threads), workers = the worker processes answering (each reports its own), "
+        "trace writer = the process writing MLflow traces (until the last row was sent to it), "
+        "stub = the stub server process; worker start-up = wall from a worker's start to its "
+        "components built (inside the evaluation's wall). Each run starts with fresh HTTP "
+        "clients. Whole run() (setup and MLflow logging included): "
+        + ", ".join(f"{r['concurrency']}/{r['workers']}w: {r['wall_s']:.2f} s" for r in rows)
+        + "; the first run with workers in a harness process also starts their fork server "
+        f"(imports once per process): whole run() {result['first_pooled_run_s']:.2f} s for 4 "
+        f"questions. Load average {os.getloadavg()[0]:.1f} at the end, on {os.cpu_count()} "
+        "cores.\n\n" + "\n".join(table)
     )
     if result["profile"]:
         lines = [
@@ -251,7 +369,8 @@ def markdown(result: dict[str, Any]) -> str:
             ),
         ]
         text += (
-            f"\n\nWhere the harness CPU goes at {result['profile_at']} in flight: cProfile of "
+            f"\n\nWhere the CPU of answering goes at {result['profile_at']} in flight in one "
+            "process (`experiment.workers=1`; a worker spends it the same way): cProfile of "
             "`Evaluator.run` timed in process CPU, each function's own time counted under the "
             "library its file belongs to (a builtin's or other standard-library function's "
             "under its callers'; work in worker threads, such as retrieval, under what the event "
@@ -263,7 +382,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 def section(levels: Sequence[int] = LEVELS) -> dict[str, object]:
     """The `make bench` section."""
-    result = measure(levels)
+    result = measure(levels, single_at=SINGLE_AT)
     return {
         "markdown": markdown(result),
         **result,
@@ -281,10 +400,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency", type=float, default=STUB_LATENCY_S)
     parser.add_argument("--least", type=int, default=MIN_QUESTIONS, help="fewest questions")
     parser.add_argument("--profile-at", type=int, default=16, help="0: no profile")
+    parser.add_argument(
+        "--single-at",
+        type=int,
+        nargs="*",
+        default=list(SINGLE_AT),
+        help="levels also run with experiment.workers=1",
+    )
     args = parser.parse_args(argv)
     if min(args.levels) < 1 or args.attempts < 1 or args.latency <= 0:
         parser.error("levels and attempts must be at least 1, latency above 0")
-    result = measure(args.levels, args.latency, args.attempts, args.least, args.profile_at or None)
+    result = measure(
+        args.levels,
+        args.latency,
+        args.attempts,
+        args.least,
+        args.profile_at or None,
+        args.single_at,
+    )
     print(markdown(result))
     print(json.dumps(result, indent=1))
     return 0
