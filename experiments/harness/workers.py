@@ -155,16 +155,17 @@ class Worker:
     def name(self) -> str:
         return f"worker {self.number + 1} (pid {self.process.pid})"
 
-    def died(self, finished: int, left: int) -> WorkerError:
+    def died(self, finished: int, total: int, repeat: int) -> WorkerError:
         """The error for a worker whose pipe closed while it had questions to answer."""
         self.process.join(10)
         code = self.process.exitcode
         ended = "is not responding" if code is None else f"ended with exit code {code}"
         cause = f": {self.error}" if self.error else _signal_name(code or 0)
+        which = f" of repeat {repeat}" if repeat else ""
         return WorkerError(
-            f"{self.name} {ended}{cause}; the {finished} cases finished so far are in the run's "
-            f"journal: run the same command again (experiment.resume=auto) to ask only the "
-            f"{left} others"
+            f"{self.name} {ended}{cause}; the {finished} cases finished so far (of {total}"
+            f"{which}) are kept: run the same command again (experiment.resume=auto) to ask "
+            "only the others"
         )
 
 
@@ -225,7 +226,7 @@ class WorkerPool:
         outcome: asyncio.Future[None] = loop.create_future()
         bar = tqdm(total=dataset.questions, unit="q", desc="questions", disable=not self.progress)
         bar.update(sum(len(done[c.id]) for c in dataset.cases if c.id in done))
-        journaled = sum(1 for case in dataset.cases if case.id in done)
+        kept = sum(1 for case in dataset.cases if case.id in done)
 
         def stop(error: BaseException | None) -> None:
             if not outcome.done():
@@ -234,13 +235,15 @@ class WorkerPool:
                 else:
                     outcome.set_exception(error)
 
+        def lost(worker: Worker) -> None:
+            stop(worker.died(kept + len(found), len(dataset.cases), repeat))
+
         def readable(worker: Worker) -> None:
             try:
                 message = worker.outbox.recv()
             except (EOFError, OSError):
                 loop.remove_reader(worker.outbox.fileno())
-                finished = journaled + len(found)
-                stop(worker.died(finished, len(dataset.cases) - finished))
+                lost(worker)
                 return
             try:
                 if message[0] == "failed":
@@ -268,7 +271,12 @@ class WorkerPool:
                 if not waiting.done():
                     waiting.cancel()
                     break
-                waiting.result().inbox.send(("case", repeat, case.id))
+                worker = waiting.result()
+                try:
+                    worker.inbox.send(("case", repeat, case.id))
+                except OSError:  # it died before its pipe said so
+                    lost(worker)
+                    break
             await outcome
         finally:
             for worker in self.workers:

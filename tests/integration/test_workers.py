@@ -178,7 +178,7 @@ def test_a_killed_worker_stops_the_run_and_resume_asks_only_the_rest(
         (journal_file,) = journals.glob("*.jsonl")
         journaled = Journal(journals, journal_file.stem).done()
         assert 2 <= len(journaled) < cases
-        assert f"{len(journaled)} cases finished so far" in message
+        assert f"the {len(journaled)} cases finished so far (of {cases}) are kept" in message
 
         stub.reset()
         resumed = run(cfg)
