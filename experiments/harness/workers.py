@@ -55,11 +55,15 @@ from experiments.evaluate import Evaluator, QuestionRow
 
 AUTO = "auto"
 AUTO_MIN_CONCURRENCY = 16
-"""`auto` uses one process below this many questions in flight: there one event loop keeps up
-(bench `concurrency`: ratio to the ideal ~1.1 at 4 in flight), and a worker's start-up (its
-components, ~1 s) and memory (its own index and models) would cost more than it saves."""
+"""`auto` uses one process below this many questions in flight. Measured against the 200 ms stub
+(bench `concurrency`, 2 cores): one event loop stays near the ideal up to 8 in flight (1.09x at 4,
+1.21x at 8), where two workers gain nothing and cost their start-up (0.3-0.6 s per run: fork,
+open the index, build the client) and memory (each its own index and models). From 16 on one
+loop falls behind (1.35-1.47x at 16, 2.4x at 32), while two workers answer at 16 in ~1.17x of
+the ideal once started."""
 AUTO_PER_WORKER = 8
-"""`auto` gives each worker at least this many questions in flight (16 -> 2, 64 -> cores)."""
+"""`auto` gives each worker at least this many questions in flight (16 -> 2, 64 -> up to 8),
+at most one worker per usable core: a worker is one CPU-bound event loop."""
 
 PRELOAD = ("experiments.harness.worker_preload",)
 """What the fork server imports once, so that a worker starts with it loaded."""
