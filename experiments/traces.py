@@ -461,6 +461,7 @@ class TraceWriter:
         self._stopped = False
         self._finishing = False
         self._written: set[tuple[str, str]] = set()
+        self._owner = os.getpid()
         context = multiprocessing.get_context("fork")
         self._inbox = context.Queue()
         self._replies, sender = context.Pipe(duplex=False)
@@ -481,8 +482,13 @@ class TraceWriter:
         """Queue the traces of answered rows (returns at once; nothing is queued for a writer
         that died: `close` writes those traces)."""
         answered = [row for row in rows if row.status == "ok"]
-        if answered and self.target is not None and self._process.is_alive():
+        if answered and self.target is not None and self._alive():
             self._inbox.put((self.target, answered))
+
+    def _alive(self) -> bool:
+        """Whether the writer still runs (only the process that started it can tell; any other
+        queues its rows regardless)."""
+        return os.getpid() != self._owner or self._process.is_alive()
 
     def close(self, rows: Sequence[QuestionRow] = ()) -> int:
         """Wait for the writer, then make sure every answered row in `rows` has its trace;

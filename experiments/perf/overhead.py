@@ -61,7 +61,8 @@ def _phases(watch: Any, n: int) -> tuple[list[dict[str, Any]], list[str]]:
         ("MLflow metrics + table", "aggregates, coverage, questions.json", phase("mlflow_results")),
         (
             "MLflow traces",
-            "waiting at the end for the trace writer, checking every question has its trace",
+            "waiting at the end for the trace writer's last batch and its list of the traces it "
+            "wrote (the store is searched only for questions it did not report)",
             phase("mlflow_traces"),
         ),
         (
