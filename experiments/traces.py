@@ -4,9 +4,11 @@ Each trace is built from the question's row (the same object the journal keeps) 
 timestamps: the question starts at the wall-clock time it was asked (`QuestionRow.started_ns`),
 each LLM call at the time it was made (`started_at` of its usage), nodes and hops last as long as
 the pipeline measured. A `TraceWriter` process receives the rows as each question finishes and
-writes them in batches through MLflow's batch span API (one transaction per batch), so answering
-never waits on the store. Trace and span ids derive from the run and the case: writing a trace
-again (a resumed run) replaces it instead of adding a second one.
+writes whatever is waiting as one batch through MLflow's batch span API (one transaction per batch,
+plus one to link the batch to the run), so answering never waits on the store; at the end it sends
+back the traces it wrote, and the harness searches the store only for the rest. Trace and span
+ids derive from the run and the case: writing a trace again (a resumed run) replaces it instead of
+adding a second one.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ CASE_TAG = "caprag.case"
 BATCH = 64
 """Traces the writer puts in one transaction at most (it writes whatever is waiting, up to this)."""
 LINGER_S = 0.02
-"""Seconds the writer waits for more rows after the first of a batch (unless told to stop)."""
+"""Seconds the writer waits for more rows after the first of a batch (unless told to stop): short,
+since while it writes, the next batch gathers anyway, and the harness waits for the last one."""
 LINKS_PER_CALL = 100
 """MLflow links at most 100 traces to a run per call."""
 HOP_ATTRIBUTES = (
