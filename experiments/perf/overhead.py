@@ -95,7 +95,7 @@ def _phases(watch: Any, n: int) -> tuple[list[dict[str, Any]], list[str]]:
     return rows, table
 
 
-def bench_overhead(questions: int = 100, warmup: int = 5, attempts: int = 2) -> dict[str, object]:
+def bench_overhead(questions: int = 100, warmup: int = 5, attempts: int = 4) -> dict[str, object]:
     """Harness time per question with an instant LLM by phase; the whole run with traces on and
     off (alternated `attempts` times, the fastest of each kept) and their ratio."""
     from experiments import traces
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--questions", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--attempts", type=int, default=2)
+    parser.add_argument("--attempts", type=int, default=4)
     args = parser.parse_args(argv)
     result = bench_overhead(args.questions, args.warmup, args.attempts)
     print(result["markdown"])
