@@ -4,14 +4,17 @@ Each trace is built from the question's row (the same object the journal keeps) 
 timestamps: the question starts at the wall-clock time it was asked (`QuestionRow.started_ns`),
 each LLM call at the time it was made (`started_at` of its usage), nodes and hops last as long as
 the pipeline measured. A `TraceWriter` process receives the rows as each question finishes and
-writes them in batches through MLflow's batch span API (one transaction per batch), so answering
-never waits on the store. Trace and span ids derive from the run and the case: writing a trace
-again (a resumed run) replaces it instead of adding a second one.
+writes whatever is waiting as one batch through MLflow's batch span API (one transaction per batch,
+plus one to link the batch to the run), so answering never waits on the store; at the end it sends
+back the traces it wrote, and the harness searches the store only for the rest. Trace and span
+ids derive from the run and the case: writing a trace again (a resumed run) replaces it instead of
+adding a second one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import multiprocessing
 import os
@@ -20,6 +23,7 @@ import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from typing import Any
 
 import mlflow
@@ -28,6 +32,7 @@ from mlflow.store.tracking.abstract_store import AbstractStore
 from mlflow.tracing.client import TracingClient
 from mlflow.tracing.constant import SpanAttributeKey, TraceMetadataKey, TraceTagKey
 from mlflow.tracing.utils import dump_span_attribute_value
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
 
@@ -37,8 +42,9 @@ CASE_TAG = "caprag.case"
 """Trace tag naming the case (repeat:question id) a trace belongs to."""
 BATCH = 64
 """Traces the writer puts in one transaction at most (it writes whatever is waiting, up to this)."""
-LINGER_S = 0.2
-"""Seconds the writer waits for more rows after the first of a batch (unless told to stop)."""
+LINGER_S = 0.02
+"""Seconds the writer waits for more rows after the first of a batch (unless told to stop): short,
+since while it writes, the next batch gathers anyway, and the harness waits for the last one."""
 LINKS_PER_CALL = 100
 """MLflow links at most 100 traces to a run per call."""
 HOP_ATTRIBUTES = (
@@ -68,6 +74,14 @@ class Target:
 def case_of(row: QuestionRow) -> str:
     """The case a row's trace is tagged with: 'repeat:question id'."""
     return f"{row.repeat}:{row.question_id}"
+
+
+@functools.cache
+def _resource() -> Resource:
+    """The OpenTelemetry resource of every span: what `ReadableSpan` would detect for each span
+    (service name, SDK; MLflow stores its attributes as trace tags), detected once per process
+    instead of per span (detection starts a thread pool: ~1.5 ms a span)."""
+    return Resource.create()
 
 
 def _digest(*parts: str) -> bytes:
@@ -139,6 +153,7 @@ class _Trace:
                     start_time=start_ns,
                     end_time=max(end_ns, start_ns),
                     status=Status(StatusCode.OK),
+                    resource=_resource(),
                 )
             ),
         )
@@ -373,9 +388,13 @@ def _fresh_store_connections(uri: str) -> None:
         engine.dispose(close=False)
 
 
-def _serve(inbox: Any, parent_pid: int) -> None:
+def _serve(inbox: Any, replies: tuple[Connection, Connection], parent_pid: int) -> None:
     """The writer process: write whatever rows are waiting as one batch, until told to stop or
-    the harness is gone (then the rows it sent are written and the process ends)."""
+    the harness is gone (then the rows it sent are written and the process ends). When told to
+    stop, it sends the harness the (run id, case) of every trace it wrote."""
+    inherited, sender = replies
+    inherited.close()  # the harness's end: if the harness dies, sending fails instead of blocking
+    written: list[tuple[str, str]] = []
     seen: set[str] = set()
     pending: list[tuple[Target, QuestionRow]] = []
     stop = False
@@ -400,35 +419,43 @@ def _serve(inbox: Any, parent_pid: int) -> None:
             continue
         except (EOFError, OSError):
             break
-        # Gather for a moment: a transaction's fixed cost is worth several traces.
+        # Take what else is waiting (and gather for a moment): a transaction's fixed cost is
+        # worth sharing, but every row held back is one more the harness waits for at the end.
         deadline = time.monotonic() + LINGER_S
         with contextlib.suppress(queue.Empty):
             while not stop and len(pending) < BATCH:
                 take(inbox.get(timeout=max(0.0, deadline - time.monotonic())))
-        _flush(pending)
-    _flush(pending)
+        written += _flush(pending)
+    written += _flush(pending)
+    if stop:
+        with contextlib.suppress(OSError):  # the harness died after asking
+            sender.send(written)
 
 
-def _flush(pending: list[tuple[Target, QuestionRow]]) -> None:
-    """Write the pending rows (a failure is reported; the harness writes what is missing)."""
+def _flush(pending: list[tuple[Target, QuestionRow]]) -> list[tuple[str, str]]:
+    """Write the pending rows; returns the (run id, case) of the traces written (a failure is
+    reported; the harness writes what is missing)."""
     by_target: dict[Target, list[QuestionRow]] = {}
     for target, row in pending:
         by_target.setdefault(target, []).append(row)
     pending.clear()
+    written: list[tuple[str, str]] = []
     for target, rows in by_target.items():
         try:
-            write_traces(rows, target)
+            written += [(target.run_id, case) for case in write_traces(rows, target)]
         except Exception as exc:  # the harness checks at the end and writes the missing ones
             _warn(f"the trace writer could not write {len(rows)} traces: {exc!r}")
+    return written
 
 
 class TraceWriter:
     """Writes each question's trace in a separate process as the question finishes.
 
     The process is forked before the run's journal is opened (so it never holds the journal's
-    lock) and gets rows through a queue; `close` waits for it, then writes in this process, with
-    a warning, any trace it did not write. Killed with the harness, it writes the rows it was
-    sent and ends; the resumed run writes the rest.
+    lock) and gets rows through a queue; `close` waits for it and its list of the traces it
+    wrote, then writes in this process, with a warning, any trace it did not write. Killed with
+    the harness, it writes the rows it was sent and ends; the resumed run writes the rest. A
+    writer that dies mid-run is sent nothing more; `close` writes its traces.
     """
 
     def __init__(self, close_timeout_s: float = 600.0) -> None:
@@ -436,35 +463,54 @@ class TraceWriter:
         self.target: Target | None = None
         self._stopped = False
         self._finishing = False
+        self._written: set[tuple[str, str]] = set()
+        self._owner = os.getpid()
         context = multiprocessing.get_context("fork")
         self._inbox = context.Queue()
+        self._replies, sender = context.Pipe(duplex=False)
         self._process = context.Process(
-            target=_serve, args=(self._inbox, os.getpid()), name="caprag-traces", daemon=True
+            target=_serve,
+            args=(self._inbox, (self._replies, sender), os.getpid()),
+            name="caprag-traces",
+            daemon=True,
         )
         self._process.start()
+        sender.close()  # the writer's end: when it ends, reading here ends too
 
     def bind(self, target: Target) -> None:
         """The run the following rows belong to."""
         self.target = target
 
     def submit(self, rows: Sequence[QuestionRow]) -> None:
-        """Queue the traces of answered rows (returns at once)."""
+        """Queue the traces of answered rows (returns at once; nothing is queued for a writer
+        that died: `close` writes those traces)."""
         answered = [row for row in rows if row.status == "ok"]
-        if answered and self.target is not None:
+        if answered and self.target is not None and self._alive():
             self._inbox.put((self.target, answered))
+
+    def _alive(self) -> bool:
+        """Whether the writer still runs (only the process that started it can tell; any other
+        queues its rows regardless)."""
+        return os.getpid() != self._owner or self._process.is_alive()
 
     def close(self, rows: Sequence[QuestionRow] = ()) -> int:
         """Wait for the writer, then make sure every answered row in `rows` has its trace;
-        returns how many of them do."""
+        returns how many of them do. Only rows the writer did not report (a resumed run's
+        earlier ones, a failing writer's) are looked up in the store."""
         self.stop()
         answered = [row for row in rows if row.status == "ok"]
         if self.target is None or not answered:
             return 0
-        done = traced_cases(self.target)
-        missing = [row for row in answered if case_of(row) not in done]
-        if missing:
-            _warn(f"{len(missing)} traces were not written by the trace writer: writing them now")
-            write_traces(missing, self.target)
+        run_id = self.target.run_id
+        unconfirmed = [row for row in answered if (run_id, case_of(row)) not in self._written]
+        if unconfirmed:
+            done = traced_cases(self.target)
+            missing = [row for row in unconfirmed if case_of(row) not in done]
+            if missing:
+                _warn(
+                    f"{len(missing)} traces were not written by the trace writer: writing them now"
+                )
+                write_traces(missing, self.target)
         return len(answered)
 
     def finish(self) -> None:
@@ -475,18 +521,26 @@ class TraceWriter:
             self._inbox.close()
 
     def stop(self) -> None:
-        """Let the writer finish what it was sent and wait for it (a no-op once stopped)."""
+        """Let the writer finish what it was sent, take its list of written traces and wait for
+        it to end (a no-op once stopped)."""
         if self._stopped:
             return
         self._stopped = True
         self.finish()
-        self._process.join(self.close_timeout_s)
+        deadline = time.monotonic() + self.close_timeout_s
+        with contextlib.suppress(EOFError, OSError):  # EOF: it ended without a list
+            if self._replies.poll(self.close_timeout_s):
+                self._written.update(self._replies.recv())
+        self._replies.close()
+        self._process.join(max(0.0, deadline - time.monotonic()))
         if self._process.is_alive():
             self._process.terminate()
             self._process.join(10)
             _warn(f"the trace writer did not finish within {self.close_timeout_s:g} s")
         elif self._process.exitcode:
             _warn(f"the trace writer ended with exit code {self._process.exitcode}")
+        # Rows still queued for a writer that is gone must not hold this process at exit.
+        self._inbox.cancel_join_thread()
 
 
 @contextlib.contextmanager

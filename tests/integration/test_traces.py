@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import itertools
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import mlflow
 import pytest
+from opentelemetry.sdk.resources import Resource
 
+from caprag.config import PROJECT_ROOT
 from experiments import traces
 from experiments.evaluate import QuestionRow
 from experiments.run import run
@@ -193,3 +197,110 @@ def test_a_file_store_gets_whole_traces(tmp_path: Path, monkeypatch: pytest.Monk
     found = search(target)
     assert sorted(t.info.tags[traces.CASE_TAG] for t in found) == ["0:q0", "0:q1"]
     assert {s.name for s in found[0].data.spans} >= {"rewrite", "hop 2", "llm generate"}
+
+
+@pytest.mark.slow
+def test_close_looks_up_only_the_traces_the_writer_did_not_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lookups: list[traces.Target] = []
+    real = traces.traced_cases
+
+    def counting(target: traces.Target) -> set[str]:
+        lookups.append(target)  # only this process looks up; the writer reports what it wrote
+        return real(target)
+
+    monkeypatch.setattr(traces, "traced_cases", counting)
+    target = make_target(tmp_path)
+    rows = [make_row(n, time.time_ns()) for n in range(5)]
+    writer = traces.TraceWriter()
+    writer.bind(target)
+    writer.submit(rows)
+    assert writer.close(rows) == 5
+    assert lookups == []  # every trace reported written: no search at the end
+
+    # A resumed run: two traces were written by the killed process, three are new.
+    again = traces.TraceWriter()
+    again.bind(target)
+    more = [make_row(n, time.time_ns()) for n in range(5, 8)]
+    again.submit(more)
+    assert again.close(rows[:2] + more) == 5
+    assert lookups == [target]  # the two it did not write are looked up, and found
+    cases = sorted(t.info.tags[traces.CASE_TAG] for t in search(target))
+    assert cases == [f"0:q{n}" for n in range(8)]
+
+
+WRITER_DIES_WITH_ROWS_QUEUED = """
+import os, sys, time
+from caprag.config import PROJECT_ROOT
+from experiments import traces
+from tests.integration.test_traces import make_row, make_target
+from pathlib import Path
+
+parent = os.getpid()
+real = traces.write_traces
+
+def dies(rows, target):
+    if os.getpid() != parent:
+        os._exit(3)  # the writer dies at its first write
+    return real(rows, target)
+
+traces.write_traces = dies
+target = make_target(Path(sys.argv[1]))
+rows = []
+for n in range(150):
+    row = make_row(n, time.time_ns())
+    row.answer = "x" * 20_000  # together far more than a pipe holds
+    rows.append(row)
+writer = traces.TraceWriter()
+writer.bind(target)
+for row in rows:
+    writer.submit([row])
+print("traces", writer.close(rows), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_writer_that_dies_mid_run_with_rows_queued_does_not_hold_the_harness(
+    tmp_path: Path,
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", WRITER_DIES_WITH_ROWS_QUEUED, str(tmp_path)],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,  # only catches a harness that never exits
+    )
+    assert done.returncode == 0, done.stderr
+    assert "traces 150" in done.stdout
+    assert "the trace writer ended with exit code 3" in done.stderr
+    assert "traces were not written by the trace writer: writing them now" in done.stderr
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    experiment = mlflow.MlflowClient(uri).get_experiment_by_name("traces")
+    assert experiment is not None
+    mlflow.set_tracking_uri(uri)
+    found = mlflow.search_traces(locations=[experiment.experiment_id], return_type="list")
+    assert len({t.info.tags[traces.CASE_TAG] for t in found}) == len(found) == 150
+
+
+def test_span_resources_are_detected_once_and_the_same_as_per_span_detection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    detections: list[int] = []
+    real = Resource.create
+
+    def counting(*args: object, **kwargs: object) -> Resource:
+        detections.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Resource, "create", staticmethod(counting))
+    traces._resource.cache_clear()
+    target = traces.Target("sqlite:///unused.db", "1", "run")
+    built = [traces.build_trace(make_row(n, time.time_ns()), target) for n in range(3)]
+    spans = [span for trace in built for span in trace.spans]
+    assert len(spans) == 24
+    assert len(detections) == 1
+    # What each span would have detected by itself (MLflow stores it as trace tags).
+    expected = dict(real().attributes)
+    assert all(dict(span._span.resource.attributes) == expected for span in spans)
+    assert "service.name" in expected
