@@ -212,7 +212,7 @@ class PassageIndex(ParentCatalog):
             raise VectorStoreError(f"vector store path {self.path} is a file, not a folder")
         try:
             (self.path / "parents" / self.key).mkdir(parents=True, exist_ok=True)
-            probe = self.path / ".write-test"
+            probe = self.path / f".write-test-{os.getpid()}"  # one per process: openers race
             probe.write_text("ok")
             probe.unlink()
         except OSError as exc:
