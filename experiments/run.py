@@ -384,6 +384,13 @@ def evaluator_for(cfg: DictConfig, parts: Components, llm: Steps) -> Evaluator:
     )
 
 
+def repeat_evaluator(cfg: DictConfig, parts: Components, repeat: int) -> Evaluator:
+    """The evaluator of one repeat: the first uses the built steps, later ones new LLM clients
+    seeded experiment.seed + repeat."""
+    llm = parts.steps if repeat == 0 else steps_from_config(cfg, repeat)
+    return evaluator_for(cfg, parts, llm)
+
+
 def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
     """Run one configuration end to end and log it to MLflow (unless tracking.enabled=false).
 
@@ -496,8 +503,6 @@ async def _evaluate_repeats(
     queued for the writer; a reused case's traces are queued too (this run has none yet)."""
     rows: list[QuestionRow] = []
     for repeat in range(repeats):
-        llm = parts.steps if repeat == 0 else steps_from_config(cfg, repeat)
-        evaluator = evaluator_for(cfg, parts, llm)
 
         def record(case: EvalCase, found: list[QuestionRow], r: int = repeat) -> None:
             journal.append(case_key(r, case.id), found)
@@ -515,7 +520,8 @@ async def _evaluate_repeats(
                     known[case.id] = found
                     if trace_writer is not None:
                         trace_writer.submit(found)
-        rows += await (evaluator.run if pool is None else pool.run)(
+        evaluate = repeat_evaluator(cfg, parts, repeat).run if pool is None else pool.run
+        rows += await evaluate(
             parts.dataset,
             done=known,
             on_case=record,

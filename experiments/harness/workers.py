@@ -383,7 +383,7 @@ def worker_config(config: Mapping[str, Any]) -> DictConfig:
 async def _answer(
     config: Mapping[str, Any], inbox: Connection, outbox: Connection, started: float
 ) -> None:
-    from experiments.run import build_components, evaluator_for, steps_from_config
+    from experiments.run import build_components, repeat_evaluator
 
     cfg = worker_config(config)
     parts = build_components(cfg)
@@ -398,8 +398,7 @@ async def _answer(
 
     def evaluator(repeat: int) -> Evaluator:
         if repeat not in evaluators:
-            llm = parts.steps if repeat == 0 else steps_from_config(cfg, repeat)
-            evaluators[repeat] = evaluator_for(cfg, parts, llm)
+            evaluators[repeat] = repeat_evaluator(cfg, parts, repeat)
         return evaluators[repeat]
 
     async def one(repeat: int, case_id: str) -> None:
