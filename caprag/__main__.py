@@ -1,7 +1,9 @@
-"""`python -m caprag ask "question" [--thread ID]`: answer from the shell.
+"""`python -m caprag ask "question" [--thread ID] [--power auto|1|2|3]`: answer from the shell.
 
 Each `ask` is its own process, so its conversations live on disk: in CLI_STORE unless
-CAPRAG_CHECKPOINTER says otherwise, and `--thread ID` continues one across calls.
+CAPRAG_CHECKPOINTER says otherwise, and `--thread ID` continues one across calls. For the adaptive
+strategy it prints each round's depth, chunks, confidence, threshold and decision; every turn's
+decision record goes to the decision log (CAPRAG_DECISION_LOG) like a served one.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from caprag.config import Settings, load_settings
+from caprag.config import PowerChoice, Settings, load_settings, parse_power
+from caprag.decision_log import PowerSource
 from caprag.errors import CapragError
 from caprag.services import AskResult, Pipeline, build_pipeline, validate_question
 
@@ -45,7 +48,24 @@ def render(result: AskResult) -> str:
         f"({result.prompt_tokens} prompt + {result.completion_tokens} completion), "
         f"${result.cost_usd:.6f}, {result.latency_s:.2f}s, thread {result.thread_id}"
     )
-    for hop in result.hops:
+    record = result.decision_log
+    if record is not None and record.ladder is not None:
+        ladder = " / ".join(str(n) for n in record.ladder)
+        lines.append(
+            f"  power {record.power} ({record.power_source}), ladder {ladder} chunks, "
+            f"stopped: {record.stop_reason}"
+        )
+        for r in record.rounds:
+            confidence = "-" if r.confidence is None else f"{r.confidence:.2f}"
+            threshold = "-" if r.threshold is None else f"{r.threshold:.2f}"
+            lines.append(
+                f"  round {r.round}: depth {r.depth}/{record.max_depth}, {r.chunks} chunks, "
+                f"confidence {confidence}, threshold {threshold} → {r.decision}"
+            )
+        for note in (result.hops[-1].warning, result.hops[-1].hint) if result.hops else ():
+            if note:
+                lines.append(f"  note: {note}")
+    for hop in result.hops if record is None or record.ladder is None else ():
         decision = ""
         if hop.decision is not None:
             decision = (
@@ -57,6 +77,10 @@ def render(result: AskResult) -> str:
             f"  hop {hop.hop}: {len(hop.queries)} query(ies), {hop.new_documents} new, "
             f"{hop.duplicate_documents} duplicate{decision}"
         )
+    if result.timed_out:
+        lines.append(f"  time limit reached: {result.stop_reason}")
+    if result.request_id:
+        lines.append(f"  request {result.request_id}")
     for usage in result.usage:
         if usage.error or usage.notes:
             said = "; ".join([*([usage.error] if usage.error else []), *usage.notes])
@@ -73,19 +97,28 @@ def cli_settings(command: str) -> Settings:
     return settings
 
 
-async def run(pipeline: Pipeline, questions: Sequence[str], thread: str | None, demo: bool) -> None:
+async def run(
+    pipeline: Pipeline,
+    questions: Sequence[str],
+    thread: str | None,
+    demo: bool,
+    power: PowerChoice | None = None,
+) -> None:
     """Answer the questions in one event loop, and always close the conversation store in it
-    (an open SQLite connection would keep the process from exiting)."""
+    (an open SQLite connection would keep the process from exiting). `power`: the adaptive depth
+    (None: the default, CAPRAG_POWER)."""
+    forced, _choice = pipeline.resolve_power(power)
+    source: PowerSource = "default" if power is None else "request"
     try:
         await pipeline.open()
         for question in questions:
             if demo:
                 print(f"\n### {question}")
-                print(render(await pipeline.ask(question)))
+                print(render(await pipeline.ask(question, None, forced, power_source=source)))
                 continue
             current = thread or str(uuid.uuid4())
             new = not await pipeline.history(current)
-            print(render(await pipeline.ask(question, current)))
+            print(render(await pipeline.ask(question, current, forced, power_source=source)))
             if new:
                 print(f"(new conversation: continue it with --thread {current})")
     finally:
@@ -99,6 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     ask = commands.add_parser("ask", help="answer one question")
     ask.add_argument("question")
     ask.add_argument("--thread", default=None, help="conversation thread id to continue")
+    ask.add_argument(
+        "--power",
+        choices=["auto", "1", "2", "3"],
+        default=None,
+        help="adaptive strategy: auto, or force depth 1-3 (default: CAPRAG_POWER, depth 2)",
+    )
     commands.add_parser("demo", help="ingest the corpus and answer a few sample questions")
     args = parser.parse_args(argv)
     demo = args.command == "demo"
@@ -111,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
             pipeline = build_pipeline(settings)
         except OSError as exc:  # a corpus or store path that cannot be used
             raise CapragError(str(exc)) from exc
-        asyncio.run(run(pipeline, questions, None if demo else args.thread, demo))
+        power = parse_power(getattr(args, "power", None))
+        asyncio.run(run(pipeline, questions, None if demo else args.thread, demo, power))
     except CapragError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

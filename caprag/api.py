@@ -1,9 +1,12 @@
 """The JSON API (`POST /api/ask`) and the chat page (`/`); `python -m caprag.api` serves both.
 
 Every 4xx and 5xx answer is `{"error": "..."}`: validation (422), a cross-origin chat post (403),
-a body over CAPRAG_MAX_BODY_BYTES (413, refused unread), an unusable model answer or a failed LLM
-endpoint (502), an LLM call over its time limit (504), anything unexpected (500, the exception's
-type and message, never a traceback).
+a body over CAPRAG_MAX_BODY_BYTES (413, refused unread), feedback on an unknown request (404), an
+unusable model answer or a failed LLM endpoint (502), an LLM call over its time limit (504), a
+request cut by CAPRAG_REQUEST_TIMEOUT_S before any passage was found (504, with its `request_id`
+and `stop_reason` beside the error), anything unexpected (500, the exception's type and message,
+never a traceback). A request cut after passages were found answers 200 with `timed_out` true,
+the passages as sources and the cut step in `stop_reason`.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from caprag import web
 from caprag.checkpoint import close_checkpointer, open_checkpointer
-from caprag.config import Settings, load_settings
+from caprag.config import PowerChoice, Settings, load_settings, parse_power
+from caprag.deadline import RequestTimeoutError
+from caprag.decision_log import DecisionRecord, PowerSource
 from caprag.errors import (
     CapragError,
     ConfigError,
@@ -45,6 +50,7 @@ from caprag.services import (
     MAX_QUESTION_CHARS,
     AskResult,
     Pipeline,
+    PowerError,
     build_pipeline,
     retention_from_settings,
     validate_question,
@@ -59,8 +65,10 @@ class AskRequest(BaseModel):
 
     question: str = Field(max_length=MAX_QUESTION_CHARS, examples=["What does Rapid Strike do?"])
     thread_id: UUID | None = Field(None, description="A UUID; the server makes one when omitted.")
-    power: Literal[1, 2, 3] | None = Field(
-        None, description="Force the adaptive strategy's depth (1-3); omit for automatic depth."
+    power: PowerChoice | None = Field(
+        default=None,
+        description="Adaptive strategy only: auto (the strategy decides), or a depth 1-3 to force; "
+        "omitted: the server's default (CAPRAG_POWER, fixed depth 2 unless set).",
     )
 
     @field_validator("question")
@@ -88,6 +96,33 @@ class AskResponse(BaseModel):
     completion_tokens: int
     cost_usd: float
     latency_s: float
+    request_id: str = Field(description="Send it to POST /api/feedback to rate this answer.")
+    timed_out: bool = Field(
+        description="The time limit cut a step: the sources are what was found by then."
+    )
+    stop_reason: str | None = Field(
+        description="How retrieval stopped (the last round's decision), or timeout:<step>."
+    )
+    decision_log: DecisionRecord | None = Field(
+        description="What the decision log keeps of this request: rounds, steps, stop reason."
+    )
+
+
+class FeedbackRequest(BaseModel):
+    """The user's verdict on one answer."""
+
+    request_id: UUID = Field(description="The request_id of the answer (from /api/ask).")
+    enough: bool = Field(strict=True, description="true: the answer was enough; false: not.")
+    comment: str = Field("", max_length=2000, description="Optional words on what was missing.")
+
+
+class FeedbackResponse(BaseModel):
+    """The feedback as stored with the request's decision record."""
+
+    request_id: str
+    enough: bool
+    comment: str
+    created_at: str
 
 
 def to_response(result: AskResult) -> AskResponse:
@@ -106,6 +141,10 @@ def to_response(result: AskResult) -> AskResponse:
         completion_tokens=result.completion_tokens,
         cost_usd=result.cost_usd,
         latency_s=result.latency_s,
+        request_id=result.request_id,
+        timed_out=result.timed_out,
+        stop_reason=result.stop_reason,
+        decision_log=result.decision_log,
     )
 
 
@@ -121,7 +160,13 @@ def _explain(exc: RequestValidationError) -> str:
         elif error["type"] == "string_too_long":
             message = f"the question is longer than {MAX_QUESTION_CHARS} characters"
         elif where == "power":
-            message = "power must be 1, 2 or 3 (or omitted for automatic depth)"
+            message = "power must be auto, 1, 2 or 3 (or omitted for the server's default)"
+        elif where == "request_id" and error["type"] == "uuid_parsing":
+            message = "request_id must be the UUID an answer came with"
+        elif where == "enough":
+            message = "enough must be true or false"
+        elif where == "comment" and error["type"] == "string_too_long":
+            message = "the comment is longer than 2000 characters"
         parts.append(f"{where}: {message}" if where else message)
     return "; ".join(parts)
 
@@ -248,8 +293,10 @@ def _http_message(exc: HTTPException, request: Request) -> str:
 
 
 def _status(exc: CapragError) -> int:
-    if isinstance(exc, EmptyQuestionError):
+    if isinstance(exc, EmptyQuestionError | PowerError):
         return 422
+    if isinstance(exc, RequestTimeoutError):
+        return 504
     if isinstance(exc, ThreadBusyError):
         return 409
     if isinstance(exc, LLMTimeoutError):
@@ -300,7 +347,10 @@ def create_app(pipeline: Pipeline | None = None, settings: Settings | None = Non
 
     @app.exception_handler(CapragError)
     async def failed(_request: Request, exc: CapragError) -> JSONResponse:
-        return JSONResponse(status_code=_status(exc), content={"error": str(exc)})
+        content: dict[str, Any] = {"error": str(exc)}
+        if isinstance(exc, RequestTimeoutError):
+            content |= {"request_id": exc.request_id, "stop_reason": exc.stop_reason}
+        return JSONResponse(status_code=_status(exc), content=content)
 
     @app.exception_handler(Exception)
     async def crashed(_request: Request, exc: Exception) -> JSONResponse:
@@ -312,27 +362,56 @@ def create_app(pipeline: Pipeline | None = None, settings: Settings | None = Non
         """Answer a question; reuse the returned thread_id for follow-ups (turns of one thread
         are answered one after another)."""
         thread = str(body.thread_id) if body.thread_id else None
-        result = await state["pipeline"].ask(body.question, thread, body.power)
+        result = await ask_with_power(state["pipeline"], body.question, thread, body.power)
         if result.answer_error:
             raise NoAnswerError(f"the model gave no usable answer ({result.answer_error})")
         return to_response(result)
+
+    @app.post(
+        "/api/feedback",
+        response_model=FeedbackResponse,
+        responses={404: {"description": "No answer with this request_id is in the log."}},
+    )
+    async def feedback(body: FeedbackRequest) -> FeedbackResponse:
+        """Say whether an answer was enough; stored with the request's decision record (a new
+        post on the same request replaces the earlier one)."""
+        request_id = str(body.request_id)
+        stored = await state["pipeline"].feedback(request_id, body.enough, body.comment)
+        if stored is None:
+            raise HTTPException(404, f"no answer with request_id {request_id} in the decision log")
+        return FeedbackResponse(request_id=request_id, **stored.model_dump())
 
     @app.get("/", response_class=HTMLResponse)
     async def index() -> str:
         """The chat page."""
         current = state["pipeline"]
-        return web.page(current.strategy.name, current.steps.backend)
+        return web.page(
+            current.strategy.name, current.steps.backend, current.ladder, current.default_power
+        )
 
     @app.post("/chat", response_class=HTMLResponse, dependencies=[Depends(check_origin)])
     async def chat(
         question: Annotated[str, Form(max_length=MAX_QUESTION_CHARS)],
         thread_id: Annotated[UUID, Form()],
-        power: Annotated[Literal["auto", "1", "2", "3"], Form()] = "auto",
+        power: Annotated[Literal["auto", "1", "2", "3"] | None, Form()] = None,
     ) -> str:
-        """One turn of the chat page, as an HTML fragment (same-origin posts only)."""
-        forced = None if power == "auto" else int(power)
-        result = await state["pipeline"].ask(question, str(thread_id), forced)
+        """One turn of the chat page, as an HTML fragment (same-origin posts only); no power:
+        the server's default."""
+        chosen = parse_power(power)
+        result = await ask_with_power(state["pipeline"], question, str(thread_id), chosen)
         return web.turn(result)
+
+    @app.post("/chat/feedback", response_class=HTMLResponse, dependencies=[Depends(check_origin)])
+    async def chat_feedback(
+        request_id: Annotated[UUID, Form()],
+        enough: Annotated[Literal["true", "false"], Form()],
+        comment: Annotated[str, Form(max_length=2000)] = "",
+    ) -> str:
+        """The chat page's enough / not enough control: store it, show it was recorded."""
+        stored = await state["pipeline"].feedback(str(request_id), enough == "true", comment)
+        if stored is None:
+            raise HTTPException(404, f"no answer with request_id {request_id} in the decision log")
+        return web.feedback_recorded(str(request_id), stored)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -341,6 +420,15 @@ def create_app(pipeline: Pipeline | None = None, settings: Settings | None = Non
         return {"status": "ok", "strategy": current.strategy.name, "llm": current.steps.backend}
 
     return app
+
+
+async def ask_with_power(
+    pipeline: Pipeline, question: str, thread: str | None, requested: PowerChoice | None
+) -> AskResult:
+    """A served turn: the request's power, or the server's default when it chose none."""
+    forced, _choice = pipeline.resolve_power(requested)
+    source: PowerSource = "default" if requested is None else "request"
+    return await pipeline.ask(question, thread, forced, power_source=source)
 
 
 app = create_app()

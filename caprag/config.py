@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from caprag.errors import ConfigError, MissingAPIKeyError
 
@@ -19,6 +19,20 @@ EmbeddingName = Literal["minilm", "wordllama"]
 RetrieverName = Literal["dense", "bm25", "hybrid"]
 StructuredMethod = Literal["function_calling", "json_schema", "json_mode"]
 StepChoice = Literal["auto", "rule", "llm"]
+PowerChoice = Literal["auto", 1, 2, 3]
+"""Adaptive depth of a served turn: automatic, or forced to depth 1, 2 or 3."""
+
+
+def parse_power(text: str | None) -> PowerChoice | None:
+    """A power as a form or command line gives it ('auto', '1'-'3'; None: not chosen)."""
+    if text is None:
+        return None
+    if text == "auto":
+        return "auto"
+    number = int(text)
+    if number not in (1, 2, 3):
+        raise ValueError(f"power must be auto, 1, 2 or 3, not {text!r}")
+    return number  # type: ignore[return-value]
 
 
 def _step(role: str) -> Any:
@@ -134,6 +148,50 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("CAPRAG_ALLOWED_ORIGINS", "allowed_origins"),
         description="Comma-separated origins besides the server's own that may post to /chat.",
     )
+    request_timeout_s: float | None = Field(
+        5.0,
+        gt=0,
+        validation_alias=AliasChoices("CAPRAG_REQUEST_TIMEOUT_S", "request_timeout_s"),
+        description="Hard limit of one served turn, every step included ('off': none).",
+    )
+    power: PowerChoice = Field(
+        2,
+        validation_alias=AliasChoices("CAPRAG_POWER", "power"),
+        description="Adaptive depth when a request chooses none: auto, or a fixed depth 1-3.",
+    )
+    depth_chunks: Annotated[list[int], NoDecode] = Field(
+        [5, 15, 30],
+        min_length=1,
+        max_length=3,
+        validation_alias=AliasChoices("CAPRAG_DEPTH_CHUNKS", "depth_chunks"),
+        description="Adaptive ladder: passages per depth, comma-separated (e.g. 5,15,30).",
+    )
+    decision_log: Path | Literal["off"] = Field(
+        Path(".caprag/decisions.db"),
+        validation_alias=AliasChoices("CAPRAG_DECISION_LOG", "decision_log"),
+        description="SQLite file of the live decision log and feedback ('off': kept in memory).",
+    )
+
+    @field_validator("request_timeout_s", mode="before")
+    @classmethod
+    def _timeout_off(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and value.strip().lower() == "off" else value
+
+    @field_validator("power", mode="before")
+    @classmethod
+    def _power_number(cls, value: Any) -> Any:
+        text = str(value).strip().lower()
+        return int(text) if text.isdigit() else text
+
+    @field_validator("depth_chunks", mode="before")
+    @classmethod
+    def _chunk_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            parts = [p.strip() for p in value.replace(",", " ").split()]
+            if not all(p.isdigit() and int(p) > 0 for p in parts):
+                raise ValueError("expected 1 to 3 positive whole numbers such as 5,15,30")
+            return [int(p) for p in parts]
+        return value
 
     @field_validator("checkpointer")
     @classmethod
@@ -183,6 +241,10 @@ ENV_NAMES = {
     "llm_timeout_s": "CAPRAG_LLM_TIMEOUT_S",
     "max_body_bytes": "CAPRAG_MAX_BODY_BYTES",
     "allowed_origins": "CAPRAG_ALLOWED_ORIGINS",
+    "request_timeout_s": "CAPRAG_REQUEST_TIMEOUT_S",
+    "power": "CAPRAG_POWER",
+    "depth_chunks": "CAPRAG_DEPTH_CHUNKS",
+    "decision_log": "CAPRAG_DECISION_LOG",
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
 import unicodedata
@@ -16,8 +17,25 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from pydantic import BaseModel, Field
 
 from caprag.checkpoint import Retention, close_checkpointer, make_checkpointer, open_checkpointer
-from caprag.config import ROLE_NAMES, Settings, load_settings
-from caprag.errors import EmptyQuestionError
+from caprag.clock import Clock
+from caprag.config import ROLE_NAMES, PowerChoice, Settings, load_settings
+from caprag.deadline import (
+    CURRENT,
+    Deadline,
+    RequestTimeoutError,
+    timed_retriever,
+    timed_steps,
+)
+from caprag.decision_log import (
+    DecisionLog,
+    DecisionRecord,
+    Feedback,
+    PowerSource,
+    Round,
+    Status,
+    now_iso,
+)
+from caprag.errors import CapragError, EmptyQuestionError
 from caprag.graph import HISTORY_PAIRS, build_graph
 from caprag.llm import StructuredClient, build_openai_client
 from caprag.schemas import CallUsage, Document, Source
@@ -30,7 +48,15 @@ MAX_QUESTION_CHARS = 4000
 
 STRATEGY_OPTIONS: dict[str, Callable[[Settings], dict[str, Any]]] = {
     "multi-hop": lambda s: {"max_hops": s.max_hops, "expand_first_hop": s.expand_first_hop},
+    "adaptive": lambda s: {"depth_chunks": s.depth_chunks, "max_depth": len(s.depth_chunks)},
 }
+
+DEFAULT_POWER: PowerChoice = 2
+"""The design's default: fixed depth 2 when a request chooses neither auto nor a power."""
+
+
+class PowerError(CapragError, ValueError):
+    """A forced depth outside the configured ladder (the API answers 422)."""
 
 
 class AskResult(BaseModel):
@@ -50,6 +76,15 @@ class AskResult(BaseModel):
     completion_tokens: int
     cost_usd: float
     latency_s: float
+    request_id: str = Field(default="", description="The id feedback on this answer refers to.")
+    timed_out: bool = Field(default=False, description="The request's time limit cut a step.")
+    stop_reason: str | None = Field(
+        default=None,
+        description="How retrieval stopped, or timeout:<step> when the time limit cut it.",
+    )
+    decision_log: DecisionRecord | None = Field(
+        default=None, description="The request's rounds and steps, as the decision log keeps them."
+    )
 
     @property
     def answer_error(self) -> str | None:
@@ -182,9 +217,24 @@ class Pipeline:
         open_saver: Callable[[], Awaitable[BaseCheckpointSaver[Any]]] | None = None,
         rewrite_follow_ups: bool = True,
         history_window: int = HISTORY_PAIRS,
+        timeout_s: float | None = None,
+        clock: Clock | None = None,
+        decision_log: DecisionLog | None = None,
+        default_power: PowerChoice = DEFAULT_POWER,
     ) -> None:
+        # Every step and search goes through a wrapper that times it within a served request.
+        strategy.steps = timed_steps(strategy.steps)
+        strategy.retriever = timed_retriever(strategy.retriever)
         self.strategy = strategy
-        self.steps = steps
+        self.steps = timed_steps(steps)
+        self.timeout_s = timeout_s
+        """The hard limit of one turn (None: no limit; `build_pipeline` uses the settings')."""
+        self.clock = clock
+        """What the limit reads (None: the real clock; tests pass one they move)."""
+        self.decision_log = decision_log or DecisionLog(":memory:")
+        """Where every turn's decision record goes (in memory unless given a file)."""
+        self.default_power = default_power
+        """The depth a served turn uses when it chooses neither auto nor a power (adaptive)."""
         self.rewrite_follow_ups = rewrite_follow_ups
         self.history_window = history_window
         self.locks = ThreadLocks()
@@ -239,33 +289,107 @@ class Pipeline:
         assert self.checkpointer is not None
         await self.checkpointer.adelete_thread(thread_id)
 
+    @property
+    def ladder(self) -> list[int] | None:
+        """Chunks per depth of the strategy's ladder (None for strategies without depth)."""
+        chunks = getattr(self.strategy, "depth_chunks", None)
+        budget = getattr(self.strategy, "budget", None)
+        if chunks is None or budget is None:
+            return None
+        return list(chunks[: budget.max_depth])
+
+    def resolve_power(self, requested: PowerChoice | None) -> tuple[int | None, PowerChoice]:
+        """The forced depth to run (None: automatic) and the choice it came from: the request's,
+        or the pipeline's default when it chose neither auto nor a power; a depth outside the
+        ladder is a PowerError."""
+        choice = self.default_power if requested is None else requested
+        if choice == "auto":
+            return None, choice
+        ladder = self.ladder
+        if ladder is not None and not 1 <= int(choice) <= len(ladder):
+            raise PowerError(f"power must be auto or 1-{len(ladder)} (the depths of the ladder)")
+        return int(choice), choice
+
     async def ask(
-        self, question: str, thread_id: str | None = None, power: int | None = None
+        self,
+        question: str,
+        thread_id: str | None = None,
+        power: int | None = None,
+        *,
+        power_source: PowerSource = "request",
     ) -> AskResult:
         """Answer one turn on a thread (a new thread when none is given); `power` forces the
-        retrieval depth of strategies that have one (adaptive) for this turn only. A turn waits
-        for any other turn of the same thread to finish first."""
+        retrieval depth of strategies that have one (adaptive) for this turn only (None: the
+        strategy's own setting). A turn waits for any other turn of the same thread to finish
+        first, within the turn's time limit.
+
+        When the limit cuts a step, the turn answers with what it has: the passages found so far
+        as sources (the answer says it was cut), or RequestTimeoutError when no passage was found
+        yet. Every turn's decision record goes to the decision log, cut ones included.
+        """
         text = validate_question(question)
         thread = thread_id or str(uuid.uuid4())
+        record = DecisionRecord(
+            request_id=str(uuid.uuid4()),
+            created_at=now_iso(),
+            thread_id=thread,
+            strategy=self.strategy.name,
+            question=text,
+            timeout_s=self.timeout_s,
+        )
+        if self.ladder is not None:
+            forced = power if power is not None else getattr(self.strategy, "power", None)
+            record.power = "auto" if forced is None else str(forced)
+            record.power_source = power_source
+            record.ladder = self.ladder
+            record.max_depth = len(self.ladder)
         await self.open()
         graph = self.graph
         assert graph is not None
         start = time.perf_counter()
-        async with self.locks.hold(thread):
-            out = await graph.ainvoke(
-                {"question": text, "messages": [HumanMessage(text)], "power": power},
-                {"configurable": {"thread_id": thread}},
-            )
-        state = GraphState(**out)
+        deadline = Deadline(self.timeout_s, self.clock)
+        done: dict[str, Any] = {}
+        token = CURRENT.set(deadline)
+        try:
+            await deadline.run(self._turn(graph, text, thread, power, done))
+        except TimeoutError:
+            pass
+        finally:
+            CURRENT.reset(token)
+        record.steps = [s.model_copy() for s in deadline.steps]
+        record.main_question = done.get("main_question", "")
+        kept = set(GraphState.__dataclass_fields__) - {"messages"}
+        state = GraphState(**{k: v for k, v in done.items() if k in kept})
         usage = [u for u in (state.rewrite_usage,) if u]
         usage += [u for hop in state.hops for u in hop.usage]
         usage += [u for u in (state.generate_usage,) if u]
-        assert state.answer is not None
-        return AskResult(
+        record.rounds = [round_of(hop) for hop in state.hops]
+        record.stop_reason = stop_reason(state.hops)
+        answer, sources = "", state.answer.sources if state.answer else []
+        status: Status = "answered"
+        if deadline.cut_step is not None:
+            record.stop_reason = f"timeout:{deadline.cut_step}"
+            found = state.context or unique(deadline.found)[: self.strategy.k]
+            if state.answer is not None:
+                answer = state.answer.answer
+            elif found:
+                status = "partial"
+                answer = (
+                    f"No answer was written within the {self.timeout_s:g} s time limit "
+                    f"(cut during {deadline.cut_step}); the passages found so far are listed "
+                    "as sources."
+                )
+                sources = [source_of(doc) for doc in found]
+            else:
+                status = "timeout"
+        else:
+            assert state.answer is not None
+            answer = state.answer.answer
+        result = AskResult(
             question=text,
-            main_question=state.main_question,
-            answer=state.answer.answer,
-            sources=state.answer.sources,
+            main_question=state.main_question or text,
+            answer=answer,
+            sources=sources,
             thread_id=thread,
             strategy=self.strategy.name,
             hops=state.hops,
@@ -276,7 +400,105 @@ class Pipeline:
             completion_tokens=sum(u.completion_tokens for u in usage),
             cost_usd=sum(u.cost_usd for u in usage),
             latency_s=time.perf_counter() - start,
+            request_id=record.request_id,
+            timed_out=deadline.cut_step is not None,
+            stop_reason=record.stop_reason,
         )
+        if status == "answered" and result.answer_error:
+            status = "no_answer"
+        record.status = status
+        record.prompt_tokens, record.completion_tokens = (
+            result.prompt_tokens,
+            result.completion_tokens,
+        )
+        record.cost_usd, record.latency_s = result.cost_usd, round(result.latency_s, 6)
+        result.decision_log = record
+        await asyncio.to_thread(self.decision_log.write, record)
+        if status == "timeout":
+            raise RequestTimeoutError(
+                f"the request took longer than its {self.timeout_s:g} s limit "
+                f"(cut during {deadline.cut_step}) before any passage was found "
+                "(CAPRAG_REQUEST_TIMEOUT_S)",
+                request_id=record.request_id,
+                stop_reason=record.stop_reason or "timeout",
+            )
+        return result
+
+    async def _turn(
+        self, graph: Any, text: str, thread: str, power: int | None, done: dict[str, Any]
+    ) -> None:
+        """Run the graph for one turn, keeping each node's output in `done` as it finishes
+        (so a turn cut by its time limit still has what the finished nodes made)."""
+        deadline = CURRENT.get()
+        assert deadline is not None
+        async with contextlib.AsyncExitStack() as stack:
+            with deadline.step("wait_for_thread"):
+                await stack.enter_async_context(self.locks.hold(thread))
+            async for update in graph.astream(
+                {"question": text, "messages": [HumanMessage(text)], "power": power},
+                {"configurable": {"thread_id": thread}},
+                stream_mode="updates",
+            ):
+                for values in update.values():
+                    timings = {**done.get("timings", {}), **values.pop("timings", {})}
+                    done.update(values, timings=timings)
+
+    async def feedback(self, request_id: str, enough: bool, comment: str = "") -> Feedback | None:
+        """Store the user's verdict on an answer with its decision record (None: no such
+        request in the log)."""
+        return await asyncio.to_thread(self.decision_log.add_feedback, request_id, enough, comment)
+
+
+def round_of(hop: HopTrace) -> Round:
+    """A hop as the decision log keeps it."""
+    if hop.adaptive_decision is not None:
+        decision = hop.adaptive_decision
+    elif hop.decision is not None:
+        decision = "sufficient" if hop.decision.sufficient else "next"
+    else:
+        decision = "done"
+    return Round(
+        round=hop.hop,
+        depth=hop.depth,
+        chunks=hop.chunks,
+        confidence=hop.confidence,
+        threshold=hop.threshold,
+        decision=decision,
+        queries=len(hop.queries),
+        new_documents=hop.new_documents,
+        latency_s=hop.latency_s,
+        prompt_tokens=hop.prompt_tokens,
+        completion_tokens=hop.completion_tokens,
+        cost_usd=hop.cost_usd,
+    )
+
+
+def stop_reason(hops: list[HopTrace]) -> str | None:
+    """How retrieval ended: the last round's decision (a multi-hop turn that still wanted
+    another hop ran out of hops)."""
+    if not hops:
+        return None
+    last = round_of(hops[-1]).decision
+    return "budget_exhausted:hops" if last == "next" else last
+
+
+def unique(documents: list[Document]) -> list[Document]:
+    """Documents without repeats (by content hash), first found first."""
+    seen: dict[str, Document] = {}
+    for doc in documents:
+        seen.setdefault(doc.content_hash, doc)
+    return list(seen.values())
+
+
+def source_of(doc: Document) -> Source:
+    """A passage as an answer's source."""
+    return Source(
+        passage_id=doc.passage_id,
+        book_id=doc.book_id,
+        book_title=doc.book_title,
+        section=doc.section,
+        page=doc.page,
+    )
 
 
 def retention_from_settings(settings: Settings) -> Retention:
@@ -304,4 +526,17 @@ def build_pipeline(settings: Settings | None = None, *, ingest: bool = True) -> 
     opener = functools.partial(
         open_checkpointer, settings.checkpointer, retention_from_settings(settings)
     )
-    return Pipeline(strategy, steps, open_saver=opener)
+    return Pipeline(
+        strategy,
+        steps,
+        open_saver=opener,
+        timeout_s=settings.request_timeout_s,
+        decision_log=decision_log_from_settings(settings),
+        default_power=settings.power,
+    )
+
+
+def decision_log_from_settings(settings: Settings) -> DecisionLog:
+    """The decision log file the settings name (in memory when CAPRAG_DECISION_LOG=off)."""
+    path = settings.decision_log
+    return DecisionLog(":memory:" if str(path) == "off" else path)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from html import escape
 
+from caprag.config import PowerChoice
+from caprag.decision_log import DecisionRecord, Feedback
 from caprag.services import AskResult
 
 HTMX = "/static/vendor/htmx-2.0.11.min.js"
@@ -28,21 +30,23 @@ PAGE = """<!doctype html>
  .trace {{ color: #555; font-size: .85rem; }} .error {{ color: #a00; }}
  .htmx-indicator {{ display: none; }} .htmx-request .htmx-indicator {{ display: inline; }}
  .meta {{ color: #777; font-size: .8rem; }}
+ .rounds {{ color: #555; font-size: .85rem; margin: .25rem 0 .25rem 1.2rem; padding: 0; }}
+ form.feedback {{ margin: .5rem 0 0; gap: .4rem; align-items: center; font-size: .85rem; }}
+ form.feedback input[name=comment] {{ flex: 1; padding: .25rem; font-size: .85rem; }}
+ form.feedback button {{ padding: .25rem .6rem; }}
+ .recorded {{ color: #060; font-size: .85rem; margin-top: .5rem; }}
 </style>
 </head>
 <body>
 <h1>Ask the Cinderwake rulebooks</h1>
-<p class="meta">strategy <b>{strategy}</b> · LLM <b>{llm}</b>
+<p class="meta">strategy <b>{strategy}</b> · LLM <b>{llm}</b>{ladder}
  · thread <code id="thread-label"></code> · <a href="/docs">API</a></p>
 <form hx-post="/chat" hx-target="#conversation" hx-swap="beforeend"
       hx-on::after-request="if(event.detail.successful) this.question.value=''">
   <input type="hidden" name="thread_id" id="thread_id">
   <input name="question" placeholder="e.g. What does Arcane Aptitude cost at level 3?"
          maxlength="4000" required autofocus>
-  <label title="adaptive strategy only: force the search depth">power
-    <select name="power"><option>auto</option><option>1</option><option>2</option>
-    <option>3</option></select></label>
-  <button type="submit">Ask</button>
+{power}  <button type="submit">Ask</button>
   <span class="htmx-indicator">thinking…</span>
 </form>
 <div id="conversation"></div>
@@ -64,9 +68,84 @@ PAGE = """<!doctype html>
 """
 
 
-def page(strategy: str, llm: str) -> str:
-    """The whole chat page."""
-    return PAGE.format(htmx=HTMX, strategy=escape(strategy), llm=escape(llm))
+def page(
+    strategy: str,
+    llm: str,
+    ladder: list[int] | None = None,
+    default_power: PowerChoice = 2,
+) -> str:
+    """The whole chat page; with a depth ladder (adaptive), the ladder and a power control whose
+    preselected choice is the server's default."""
+    return PAGE.format(
+        htmx=HTMX,
+        strategy=escape(strategy),
+        llm=escape(llm),
+        ladder=ladder_note(ladder),
+        power=power_control(ladder, default_power),
+    )
+
+
+def ladder_note(ladder: list[int] | None) -> str:
+    """The configured ladder, for the page's header."""
+    if not ladder:
+        return ""
+    steps = " / ".join(f"depth {d}: {n}" for d, n in enumerate(ladder, start=1))
+    return f' · ladder <b id="ladder">{steps} chunks</b>'
+
+
+def power_control(ladder: list[int] | None, default_power: PowerChoice) -> str:
+    """The power select: auto or a forced depth of the ladder; the default preselected."""
+    if not ladder:
+        return ""
+    choices: list[PowerChoice | int] = ["auto", *range(1, len(ladder) + 1)]
+    options = "".join(
+        f'<option value="{c}"{" selected" if c == default_power else ""}>'
+        f"{c}{' (default)' if c == default_power else ''}</option>"
+        for c in choices
+    )
+    return (
+        '  <label title="auto: the strategy chooses the depth; 1-3: force it">power\n'
+        f'    <select name="power">{options}</select></label>\n'
+    )
+
+
+def rounds_view(record: DecisionRecord) -> str:
+    """Each adaptive round: depth, chunks, confidence against threshold, decision."""
+    items = []
+    for r in record.rounds:
+        if r.depth is None:
+            continue
+        confidence = "" if r.confidence is None else f", confidence {r.confidence:.0%}"
+        threshold = "" if r.threshold is None else f" (needs {r.threshold:.0%})"
+        items.append(
+            f"<li>round {r.round}: depth {r.depth}/{record.max_depth}, {r.chunks} chunks"
+            f"{confidence}{threshold} → {escape(r.decision)}</li>"
+        )
+    return f'<ol class="rounds">{"".join(items)}</ol>' if items else ""
+
+
+def feedback_control(request_id: str) -> str:
+    """Enough / not enough for one answer, posted by HTMX and replaced by what was recorded."""
+    rid = escape(request_id)
+    return (
+        f'<form class="feedback" hx-post="/chat/feedback" hx-swap="outerHTML">'
+        f'<input type="hidden" name="request_id" value="{rid}">'
+        "<span>Was this answer enough?</span>"
+        '<input name="comment" maxlength="2000" placeholder="what was missing? (optional)">'
+        '<button type="submit" name="enough" value="true">enough</button>'
+        '<button type="submit" name="enough" value="false">not enough</button>'
+        "</form>"
+    )
+
+
+def feedback_recorded(request_id: str, feedback: Feedback) -> str:
+    """What replaces the control once the feedback is stored."""
+    said = "enough" if feedback.enough else "not enough"
+    comment = f" — “{escape(feedback.comment)}”" if feedback.comment else ""
+    return (
+        f'<div class="recorded" data-request-id="{escape(request_id)}">'
+        f"Feedback recorded: <b>{said}</b>{comment}</div>"
+    )
 
 
 def turn(result: AskResult) -> str:
@@ -89,15 +168,25 @@ def turn(result: AskResult) -> str:
     tokens = result.prompt_tokens + result.completion_tokens
     adaptive = ""
     last = result.hops[-1] if result.hops else None
+    record = result.decision_log
     if last is not None and last.depth is not None and last.confidence is not None:
+        max_depth = record.max_depth if record and record.max_depth else "?"
+        power = f" · power {escape(record.power)}" if record and record.power else ""
         adaptive = (
             f'<div class="trace">confidence {last.confidence:.0%} (needs '
-            f"{(last.threshold or 0):.0%}) · depth used {last.depth}/3 · "
-            f"{escape(last.adaptive_decision or '')}</div>"
+            f"{(last.threshold or 0):.0%}) · depth used {last.depth}/{max_depth} · "
+            f"{escape(last.adaptive_decision or '')}{power}</div>"
         )
+        if record is not None:
+            adaptive += rounds_view(record)
         for note in (last.warning, last.hint):
             if note:
                 adaptive += f'<div class="trace error">{escape(note)}</div>'
+    if result.timed_out:
+        adaptive += (
+            f'<div class="trace error">time limit reached: {escape(result.stop_reason or "")}</div>'
+        )
+    feedback = feedback_control(result.request_id) if result.request_id else ""
 
     no_answer = ""
     if result.answer_error:
@@ -110,5 +199,5 @@ def turn(result: AskResult) -> str:
         f'<div class="sources">Sources:<ul>{sources}</ul></div>'
         f'<div class="trace">{result.hop_count} hop(s) · {tokens} tokens · '
         f"${result.cost_usd:.6f} · {result.latency_s:.2f} s · {escape(hops)}</div>"
-        f"{adaptive}</div>"
+        f"{adaptive}{feedback}</div>"
     )

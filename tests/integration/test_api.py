@@ -95,7 +95,7 @@ def test_openapi_docs_are_served(client: TestClient) -> None:
 def test_power_is_validated(client: TestClient) -> None:
     response = client.post("/api/ask", json={"question": "ok?", "power": 7})
     assert response.status_code == 422
-    assert "power must be 1, 2 or 3" in response.json()["error"]
+    assert "power must be auto, 1, 2 or 3" in response.json()["error"]
 
 
 def test_forced_power_on_the_adaptive_strategy(fixture_index: PassageIndex) -> None:

@@ -75,7 +75,7 @@ def test_an_explicit_sqlite_store_lets_the_process_exit(tmp_path: Path, index_di
     )
     assert done.returncode == 0, done.stderr
     assert "one hour" in done.stdout and store.is_file()
-    assert not (tmp_path / ".caprag").exists()  # the setting overrides the CLI's default store
+    assert not (tmp_path / ".caprag" / "cli-chat.db").exists()  # the setting overrides it
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,143 @@
+"""A served request's hard time limit (`CAPRAG_REQUEST_TIMEOUT_S`, 5 s by default).
+
+The whole turn (waiting for the thread's previous turn, rewrite, every retrieval step, generation)
+runs under one bound read from a `Clock`; each step the pipeline calls goes through a wrapper that
+records when it started and ended, so when the bound fires the request knows which step it cut and
+what retrieval had found by then. The wrappers find the current request through a context
+variable: code outside a served request (the harness) runs them as plain calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Awaitable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, TypeVar
+
+from caprag.clock import Clock, MonotonicClock
+from caprag.decision_log import StepTime
+from caprag.errors import CapragError
+from caprag.schemas import Document
+from caprag.steps import ROLES, Steps
+
+T = TypeVar("T")
+
+
+class RequestTimeoutError(CapragError):
+    """A request ran out of its time limit before anything usable was found (the API: 504)."""
+
+    def __init__(self, message: str, *, request_id: str, stop_reason: str) -> None:
+        super().__init__(message)
+        self.request_id = request_id
+        self.stop_reason = stop_reason
+
+
+class Deadline:
+    """One request's time limit, and the steps it ran (what a cut leaves behind)."""
+
+    def __init__(self, seconds: float | None, clock: Clock | None = None) -> None:
+        self.seconds = seconds
+        self.clock: Clock = clock or MonotonicClock()
+        self.start = self.clock.now()
+        self.steps: list[StepTime] = []
+        self.found: list[Document] = []
+        """Every passage a search returned so far, in the order found."""
+        self.cut_step: str | None = None
+        self._lock = threading.Lock()  # searches record from worker threads
+
+    def elapsed(self) -> float:
+        """Seconds since the request started."""
+        return self.clock.now() - self.start
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        """Record a step from its start to its end (an unfinished one keeps latency None)."""
+        record = StepTime(step=name, started_s=round(self.elapsed(), 6), latency_s=None)
+        with self._lock:
+            self.steps.append(record)
+        yield
+        record.latency_s = round(self.elapsed() - record.started_s, 6)
+
+    def running(self) -> list[StepTime]:
+        """Steps started and not finished."""
+        with self._lock:
+            return [s for s in self.steps if s.latency_s is None]
+
+    def add_found(self, documents: list[Document]) -> None:
+        """Keep what a search returned (a partial answer lists it)."""
+        with self._lock:
+            self.found.extend(documents)
+
+    async def run(self, awaitable: Awaitable[T]) -> T:
+        """Await the turn within the limit; on TimeoutError mark the step it cut (the innermost
+        one still running: the last started)."""
+        if self.seconds is None:
+            return await awaitable
+        try:
+            return await self.clock.bounded(awaitable, self.seconds - self.elapsed())
+        except TimeoutError:
+            running = self.running()
+            for record in running:
+                record.cut = True
+            self.cut_step = running[-1].step if running else "pipeline"
+            raise
+
+
+CURRENT: ContextVar[Deadline | None] = ContextVar("caprag_deadline", default=None)
+"""The request being served in this context (None outside a served request)."""
+
+
+class TimedStep:
+    """A step that records itself in the current request's deadline; otherwise the step itself
+    (its `kind`, `model` and other attributes are the wrapped step's)."""
+
+    def __init__(self, name: str, inner: Any) -> None:
+        self.name = name
+        self.inner = inner
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(self.inner, attribute)
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        deadline = CURRENT.get()
+        if deadline is None:
+            return await self.inner(*args, **kwargs)
+        with deadline.step(self.name):
+            return await self.inner(*args, **kwargs)
+
+
+class TimedRetriever:
+    """A retriever whose searches record themselves (and what they found) in the current
+    request's deadline."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(self.inner, attribute)
+
+    def search(self, query: str, k: int) -> list[Document]:
+        """The wrapped search, timed (runs in a worker thread; the context is copied there)."""
+        deadline = CURRENT.get()
+        if deadline is None:
+            return list(self.inner.search(query, k))
+        with deadline.step("search"):
+            found = list(self.inner.search(query, k))
+        deadline.add_found(found)
+        return found
+
+
+def timed_steps(steps: Steps) -> Steps:
+    """The same steps, each recording itself in the current request (idempotent)."""
+    wrapped = {}
+    for name in ROLES.values():
+        step = getattr(steps, name)
+        wrapped[name] = step if isinstance(step, TimedStep) else TimedStep(name, step)
+    return dataclasses.replace(steps, **wrapped)
+
+
+def timed_retriever(retriever: Any) -> Any:
+    """The retriever, recording its searches in the current request (idempotent)."""
+    return retriever if isinstance(retriever, TimedRetriever) else TimedRetriever(retriever)
