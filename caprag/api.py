@@ -51,6 +51,7 @@ from caprag.services import (
     AskResult,
     Pipeline,
     PowerError,
+    UnknownRequestError,
     build_pipeline,
     retention_from_settings,
     validate_question,
@@ -75,6 +76,13 @@ class AskRequest(BaseModel):
     @classmethod
     def _not_blank(cls, value: str) -> str:
         return validate_question(value)  # EmptyQuestionError is a ValueError: a 422
+
+    @field_validator("power", mode="before")
+    @classmethod
+    def _not_a_bool(cls, value: object) -> object:
+        if isinstance(value, bool):  # true would pass as the literal 1
+            raise ValueError("power must not be a boolean")
+        return value
 
 
 class AskResponse(BaseModel):
@@ -155,18 +163,18 @@ def _explain(exc: RequestValidationError) -> str:
         message = str(error["msg"]).removeprefix("Value error, ")
         if error["type"] == "json_invalid":
             where, message = "", "the request body is not valid JSON"
+        elif where == "request_id" and error["type"] == "uuid_parsing":
+            message = "request_id must be the UUID an answer came with"
         elif error["type"] == "uuid_parsing":
             message = "thread_id must be a UUID such as 123e4567-e89b-42d3-a456-426614174000"
+        elif where == "comment" and error["type"] == "string_too_long":
+            message = "the comment is longer than 2000 characters"
         elif error["type"] == "string_too_long":
             message = f"the question is longer than {MAX_QUESTION_CHARS} characters"
         elif where == "power":
             message = "power must be auto, 1, 2 or 3 (or omitted for the server's default)"
-        elif where == "request_id" and error["type"] == "uuid_parsing":
-            message = "request_id must be the UUID an answer came with"
-        elif where == "enough":
+        elif where == "enough" and error["type"] != "missing":
             message = "enough must be true or false"
-        elif where == "comment" and error["type"] == "string_too_long":
-            message = "the comment is longer than 2000 characters"
         parts.append(f"{where}: {message}" if where else message)
     return "; ".join(parts)
 
@@ -297,6 +305,8 @@ def _status(exc: CapragError) -> int:
         return 422
     if isinstance(exc, RequestTimeoutError):
         return 504
+    if isinstance(exc, UnknownRequestError):
+        return 404
     if isinstance(exc, ThreadBusyError):
         return 409
     if isinstance(exc, LLMTimeoutError):
@@ -378,7 +388,7 @@ def create_app(pipeline: Pipeline | None = None, settings: Settings | None = Non
         request_id = str(body.request_id)
         stored = await state["pipeline"].feedback(request_id, body.enough, body.comment)
         if stored is None:
-            raise HTTPException(404, f"no answer with request_id {request_id} in the decision log")
+            raise UnknownRequestError(f"no answer with request_id {request_id} in the decision log")
         return FeedbackResponse(request_id=request_id, **stored.model_dump())
 
     @app.get("/", response_class=HTMLResponse)
@@ -410,7 +420,7 @@ def create_app(pipeline: Pipeline | None = None, settings: Settings | None = Non
         """The chat page's enough / not enough control: store it, show it was recorded."""
         stored = await state["pipeline"].feedback(str(request_id), enough == "true", comment)
         if stored is None:
-            raise HTTPException(404, f"no answer with request_id {request_id} in the decision log")
+            raise UnknownRequestError(f"no answer with request_id {request_id} in the decision log")
         return web.feedback_recorded(str(request_id), stored)
 
     @app.get("/health")

@@ -145,16 +145,16 @@ class DecisionLog:
 
     def _connect(self) -> sqlite3.Connection:
         if self._db is None:
-            if self.path != ":memory:":
-                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             try:
+                if self.path != ":memory:":
+                    Path(self.path).parent.mkdir(parents=True, exist_ok=True)
                 db = sqlite3.connect(
                     self.path, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False
                 )
                 db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
                 db.execute("PRAGMA journal_mode = WAL")
                 db.executescript(SCHEMA)
-            except sqlite3.Error as exc:
+            except (OSError, sqlite3.Error) as exc:
                 raise ConfigError(
                     f"cannot open the decision log CAPRAG_DECISION_LOG={self.path}: {exc}"
                 ) from exc

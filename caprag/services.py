@@ -59,6 +59,10 @@ class PowerError(CapragError, ValueError):
     """A forced depth outside the configured ladder (the API answers 422)."""
 
 
+class UnknownRequestError(CapragError):
+    """Feedback names a request the decision log does not hold (the API answers 404)."""
+
+
 class AskResult(BaseModel):
     """One answered turn, with everything a caller shows or logs."""
 
