@@ -14,6 +14,7 @@ PAGES = [
     st.Page("pages/compare.py", title="Compare", icon=":material/compare_arrows:"),
     st.Page("pages/trace.py", title="Trace viewer", icon=":material/account_tree:"),
     st.Page("pages/ask.py", title="Ask", icon=":material/chat:"),
+    st.Page("pages/decisions.py", title="Decision log", icon=":material/fact_check:"),
 ]
 
 page = st.navigation(PAGES)
