@@ -30,7 +30,7 @@ PAGE = """<!doctype html>
  .trace {{ color: #555; font-size: .85rem; }} .error {{ color: #a00; }}
  .htmx-indicator {{ display: none; }} .htmx-request .htmx-indicator {{ display: inline; }}
  .meta {{ color: #777; font-size: .8rem; }}
- .rounds {{ color: #555; font-size: .85rem; margin: .25rem 0 .25rem 1.2rem; padding: 0; }}
+ .rounds {{ color: #555; font-size: .85rem; margin: .25rem 0; padding: 0; list-style: none; }}
  form.feedback {{ margin: .5rem 0 0; gap: .4rem; align-items: center; font-size: .85rem; }}
  form.feedback input[name=comment] {{ flex: 1; padding: .25rem; font-size: .85rem; }}
  form.feedback button {{ padding: .25rem .6rem; }}

@@ -67,3 +67,60 @@ def test_ask_and_follow_up_in_the_browser(tmp_path: Path) -> None:
             "error 422: the question is empty", timeout=60_000
         )
         browser.close()
+
+
+def test_adaptive_rounds_and_answer_feedback_in_the_browser(tmp_path: Path) -> None:
+    """The chat page shows the configured ladder and each round, and its enough / not enough
+    control stores the verdict with the request's decision record."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from caprag.decision_log import DecisionLog
+
+    log = tmp_path / "decisions.db"
+    env = {
+        "CAPRAG_CORPUS": str(FIXTURE_BOOKS),
+        "CAPRAG_CHROMA_DIR": str(tmp_path / "store"),
+        "RETRIEVAL_STRATEGY": "adaptive",
+        "CAPRAG_DEPTH_CHUNKS": "2,4,8",
+        "CAPRAG_DECISION_LOG": str(log),
+        "CAPRAG_REQUEST_TIMEOUT_S": "60",  # a loaded machine must not cut these turns short
+    }
+    with serve(env) as base, sync_playwright() as p:
+        browser = launch_chromium(p)
+        page = browser.new_page(viewport={"width": 1000, "height": 900})
+        page.goto(base + "/")
+        expect(page.locator("#ladder")).to_have_text("depth 1: 2 / depth 2: 4 / depth 3: 8 chunks")
+        expect(page.locator("select[name=power]")).to_have_value("2")  # the default, preselected
+        page.select_option("select[name=power]", "auto")
+        page.fill("input[name=question]", "What penalty does the second attack of a Flurry suffer?")
+        page.click("button[type=submit]")
+        first = page.locator(".turn").nth(0)
+        expect(first.locator(".rounds li").first).to_contain_text(
+            "round 1: depth 1/3, 2 chunks", timeout=60_000
+        )
+        expect(first).to_contain_text("power auto")
+        first.locator("input[name=comment]").fill("no example with both attacks")
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / "chat-feedback-control.png"), full_page=True)
+        first.get_by_role("button", name="not enough").click()
+        expect(first.locator(".recorded")).to_have_text(
+            "Feedback recorded: not enough — “no example with both attacks”", timeout=60_000
+        )
+        page.select_option("select[name=power]", "2")
+        page.fill("input[name=question]", "How long does a torch burn?")
+        page.click("button[type=submit]")
+        second = page.locator(".turn").nth(1)
+        expect(second).to_contain_text("depth used 2/3", timeout=60_000)
+        expect(second.locator(".rounds li")).to_have_count(1)
+        second.get_by_role("button", name="enough", exact=True).click()
+        expect(second.locator(".recorded")).to_have_text("Feedback recorded: enough")
+        page.screenshot(path=str(SHOTS / "chat-adaptive-rounds-feedback.png"), full_page=True)
+        browser.close()
+    stored = DecisionLog(log).records()
+    assert [r.question for r in stored] == [
+        "How long does a torch burn?",
+        "What penalty does the second attack of a Flurry suffer?",
+    ]
+    verdicts = [(r.feedback.enough, r.feedback.comment) for r in stored if r.feedback]
+    assert verdicts == [(True, ""), (False, "no example with both attacks")]
+    assert stored[1].power == "auto" and len(stored[1].rounds) >= 1
