@@ -235,8 +235,9 @@ class Pipeline:
         """The hard limit of one turn (None: no limit; `build_pipeline` uses the settings')."""
         self.clock = clock
         """What the limit reads (None: the real clock; tests pass one they move)."""
-        self.decision_log = decision_log or DecisionLog(":memory:")
-        """Where every turn's decision record goes (in memory unless given a file)."""
+        self.decision_log = decision_log
+        """Where every turn's decision record goes (None: kept nowhere, only returned; the
+        harness's case; `build_pipeline` gives the file the settings name)."""
         self.default_power = default_power
         """The depth a served turn uses when it chooses neither auto nor a power (adaptive)."""
         self.rewrite_follow_ups = rewrite_follow_ups
@@ -417,7 +418,8 @@ class Pipeline:
         )
         record.cost_usd, record.latency_s = result.cost_usd, round(result.latency_s, 6)
         result.decision_log = record
-        await asyncio.to_thread(self.decision_log.write, record)
+        if self.decision_log is not None:
+            await asyncio.to_thread(self.decision_log.write, record)
         if status == "timeout":
             raise RequestTimeoutError(
                 f"the request took longer than its {self.timeout_s:g} s limit "
@@ -450,6 +452,8 @@ class Pipeline:
     async def feedback(self, request_id: str, enough: bool, comment: str = "") -> Feedback | None:
         """Store the user's verdict on an answer with its decision record (None: no such
         request in the log)."""
+        if self.decision_log is None:
+            return None
         return await asyncio.to_thread(self.decision_log.add_feedback, request_id, enough, comment)
 
 

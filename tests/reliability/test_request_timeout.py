@@ -21,6 +21,7 @@ from fastapi import FastAPI
 from caprag.api import create_app
 from caprag.clock import MonotonicClock
 from caprag.config import load_settings
+from caprag.decision_log import DecisionLog
 from caprag.schemas import Document
 from caprag.services import Pipeline
 from caprag.steps import StepResult, rule_steps
@@ -151,7 +152,14 @@ async def settle(rounds: int = 50) -> None:
 def adaptive_pipeline(index: Any, steps: Any, clock: AlarmClock) -> Pipeline:
     # The strategy's own soft limit on deeper rounds is set out of the way: this is the turn's.
     strategy = AdaptiveDepthStrategy(index, steps, timeout_s=HANG_S, clock=MonotonicClock())
-    return Pipeline(strategy, steps, timeout_s=LIMIT_S, clock=clock, default_power="auto")
+    return Pipeline(
+        strategy,
+        steps,
+        timeout_s=LIMIT_S,
+        clock=clock,
+        decision_log=DecisionLog(":memory:"),
+        default_power="auto",
+    )
 
 
 @pytest.mark.parametrize(
@@ -207,6 +215,7 @@ async def test_the_limit_cuts_any_step_and_says_which(
     data = response.json()
     assert response.status_code == status, data
     assert data["stop_reason"] == stop_reason
+    assert pipeline.decision_log is not None
     record = pipeline.decision_log.get(data["request_id"])
     assert record is not None and record.stop_reason == stop_reason
     cut = [s.step for s in record.steps if s.cut]
