@@ -98,6 +98,8 @@ class TimedStep:
         self.inner = inner
 
     def __getattr__(self, attribute: str) -> Any:
+        if attribute == "inner":  # not set yet (a copy or unpickling in progress)
+            raise AttributeError(attribute)
         return getattr(self.inner, attribute)
 
     async def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -116,6 +118,8 @@ class TimedRetriever:
         self.inner = inner
 
     def __getattr__(self, attribute: str) -> Any:
+        if attribute == "inner":  # not set yet (a copy or unpickling in progress)
+            raise AttributeError(attribute)
         return getattr(self.inner, attribute)
 
     def search(self, query: str, k: int) -> list[Document]:

@@ -299,3 +299,19 @@ async def test_the_served_pipeline_takes_the_limit_from_the_settings(
     result = await asyncio.wait_for(pipeline.ask(QUESTION), HANG_S)
     assert result.decision_log is not None and result.decision_log.timeout_s == 7.0
     await pipeline.aclose()
+
+
+async def test_the_chat_page_shows_a_cut_turn(fixture_index: PassageIndex) -> None:
+    clock = AlarmClock()
+    blocked = Blocking(rule_steps().generate)
+    steps = dataclasses.replace(rule_steps(), generate=blocked)
+    pipeline = adaptive_pipeline(fixture_index, steps, clock)
+    form = {"question": QUESTION, "thread_id": "7d0f5b0e-2c36-4a8e-9d7c-0c1b7ad1c002"}
+    async with api(create_app(pipeline)) as client:
+        request = asyncio.create_task(client.post("/chat", data=form))
+        await wait_entered(blocked)
+        clock.advance(LIMIT_S)
+        fragment = (await asyncio.wait_for(request, HANG_S)).text
+    assert "time limit reached: timeout:generate" in fragment
+    assert "No answer was written within the 5 s time limit (cut during generate)" in fragment
+    assert "Was this answer enough?" in fragment  # a cut answer can be rated too
