@@ -9,6 +9,7 @@ variable: code outside a served request (the harness) runs them as plain calls.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import threading
 from collections.abc import Awaitable, Iterator
@@ -53,11 +54,17 @@ class Deadline:
 
     @contextmanager
     def step(self, name: str) -> Iterator[None]:
-        """Record a step from its start to its end (an unfinished one keeps latency None)."""
+        """Record a step from its start to its end (one cancelled keeps latency None)."""
         record = StepTime(step=name, started_s=round(self.elapsed(), 6), latency_s=None)
         with self._lock:
             self.steps.append(record)
-        yield
+        try:
+            yield
+        except asyncio.CancelledError:
+            raise  # cut: it never finished
+        except BaseException:
+            record.latency_s = round(self.elapsed() - record.started_s, 6)
+            raise
         record.latency_s = round(self.elapsed() - record.started_s, 6)
 
     def running(self) -> list[StepTime]:

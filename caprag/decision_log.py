@@ -85,7 +85,7 @@ class Feedback(BaseModel):
     created_at: str = ""
 
 
-Status = Literal["answered", "partial", "timeout", "no_answer"]
+Status = Literal["answered", "partial", "timeout", "no_answer", "error"]
 PowerSource = Literal["request", "default"]
 
 
@@ -110,8 +110,8 @@ class DecisionRecord(BaseModel):
     status: Status = "answered"
     stop_reason: str | None = Field(
         default=None,
-        description="The last round's decision, or timeout:<step> when the request's time limit "
-        "cut a step.",
+        description="The last round's decision, timeout:<step> when the request's time limit "
+        "cut a step, or error:<exception type> when the turn failed.",
     )
     timeout_s: float | None = Field(
         default=None, description="The request's time limit (None: none)."

@@ -357,8 +357,13 @@ class Pipeline:
         token = CURRENT.set(deadline)
         try:
             await deadline.run(self._turn(graph, text, thread, power, done))
-        except TimeoutError:
-            pass
+        except Exception as exc:
+            if not isinstance(exc, TimeoutError) or deadline.cut_step is None:
+                # A failed turn (not the limit's doing) is logged, then reported as before.
+                record.status, record.stop_reason = "error", f"error:{type(exc).__name__}"
+                record.steps = [s.model_copy() for s in deadline.steps]
+                await self._log(record)
+                raise
         finally:
             CURRENT.reset(token)
         record.steps = [s.model_copy() for s in deadline.steps]
@@ -418,8 +423,7 @@ class Pipeline:
         )
         record.cost_usd, record.latency_s = result.cost_usd, round(result.latency_s, 6)
         result.decision_log = record
-        if self.decision_log is not None:
-            await asyncio.to_thread(self.decision_log.write, record)
+        await self._log(record)
         if status == "timeout":
             raise RequestTimeoutError(
                 f"the request took longer than its {self.timeout_s:g} s limit "
@@ -448,6 +452,11 @@ class Pipeline:
                 for values in update.values():
                     timings = {**done.get("timings", {}), **values.pop("timings", {})}
                     done.update(values, timings=timings)
+
+    async def _log(self, record: DecisionRecord) -> None:
+        """Write a turn's record to the decision log, if there is one."""
+        if self.decision_log is not None:
+            await asyncio.to_thread(self.decision_log.write, record)
 
     async def feedback(self, request_id: str, enough: bool, comment: str = "") -> Feedback | None:
         """Store the user's verdict on an answer with its decision record (None: no such

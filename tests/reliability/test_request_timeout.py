@@ -315,3 +315,33 @@ async def test_the_chat_page_shows_a_cut_turn(fixture_index: PassageIndex) -> No
     assert "time limit reached: timeout:generate" in fragment
     assert "No answer was written within the 5 s time limit (cut during generate)" in fragment
     assert "Was this answer enough?" in fragment  # a cut answer can be rated too
+
+
+async def test_a_failed_turn_is_logged_as_an_error_not_a_timeout(
+    fixture_index: PassageIndex,
+) -> None:
+    from caprag.errors import LLMCallError
+    from tests.reliability.test_serving import RaisingGenerator
+
+    steps = dataclasses.replace(
+        rule_steps(), generate=RaisingGenerator(LLMCallError("generate: HTTP 500"))
+    )
+    pipeline = adaptive_pipeline(fixture_index, steps, AlarmClock())
+    with pytest.raises(LLMCallError):
+        await asyncio.wait_for(pipeline.ask(QUESTION), HANG_S)
+    assert pipeline.decision_log is not None
+    [record] = pipeline.decision_log.records()
+    assert (record.status, record.stop_reason) == ("error", "error:LLMCallError")
+    assert not any(s.cut for s in record.steps)
+    assert [s.step for s in record.steps][-1] == "generate"
+    assert record.steps[-1].latency_s is not None  # it ended (failing); nothing was cut
+
+
+async def test_a_timeout_error_of_a_step_is_not_the_limit(fixture_index: PassageIndex) -> None:
+    """Without a limit, a step's own TimeoutError reaches the caller unchanged."""
+    from tests.reliability.test_serving import RaisingGenerator
+
+    steps = dataclasses.replace(rule_steps(), generate=RaisingGenerator(TimeoutError("socket")))
+    pipeline = Pipeline(AdaptiveDepthStrategy(fixture_index, steps), steps)
+    with pytest.raises(TimeoutError, match="socket"):
+        await asyncio.wait_for(pipeline.ask(QUESTION), HANG_S)
