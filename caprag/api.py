@@ -53,6 +53,7 @@ from caprag.services import (
     PowerError,
     UnknownRequestError,
     build_pipeline,
+    decision_log_from_settings,
     retention_from_settings,
     validate_question,
 )
@@ -458,8 +459,9 @@ async def _check_store(settings: Settings) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Serve the API and page with uvicorn (127.0.0.1 unless told otherwise). Settings, index
-    and conversation store are checked first: a problem is one `error:` line and exit 2."""
+    """Serve the API and page with uvicorn (127.0.0.1 unless told otherwise). Settings, index,
+    conversation store and decision log are checked first: a problem is one `error:` line and
+    exit 2."""
     parser = argparse.ArgumentParser(prog="python -m caprag.api", description=main.__doc__)
     parser.add_argument("--host", default=None, help="default CAPRAG_HOST or 127.0.0.1")
     parser.add_argument("--port", default=None, help="default CAPRAG_PORT or 8000")
@@ -472,6 +474,9 @@ def main(argv: list[str] | None = None) -> int:
             port = _port(os.environ.get("CAPRAG_PORT", "8000"), "CAPRAG_PORT")
         settings = load_settings()
         asyncio.run(_check_store(settings))
+        check = decision_log_from_settings(settings)
+        check.open()
+        check.close()
         pipeline = build_pipeline(settings)
     except (CapragError, OSError) as exc:  # OSError: a corpus or store path that cannot be used
         print(f"error: {exc}", file=sys.stderr)

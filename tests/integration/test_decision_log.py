@@ -7,7 +7,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import sqlite3
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -20,12 +23,14 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from caprag.api import create_app
+from caprag.config import PROJECT_ROOT
 from caprag.decision_log import DecisionLog, DecisionRecord, Round
 from caprag.services import Pipeline
 from caprag.steps import StepResult, rule_steps
 from caprag.steps.assess import ConfidenceAssessment
 from caprag.store import PassageIndex
 from caprag.strategies import AdaptiveDepthStrategy, MultiHopStrategy
+from tests.conftest import FIXTURE_BOOKS
 
 HANG_S = 120
 CROSS_REF = "What penalty does the second attack of a Flurry suffer?"
@@ -344,3 +349,25 @@ def test_two_writers_on_one_file_lose_nothing(tmp_path: Path) -> None:
     assert len(everything) == 200
     assert len(DecisionLog(path).records(strategy="single", feedback="not_enough")) == 50
     assert DecisionLog(path).strategies() == ["adaptive", "single"]
+
+
+def test_the_server_refuses_to_start_on_an_unusable_log(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a folder")
+    env = {
+        **os.environ,
+        "CAPRAG_CORPUS": str(FIXTURE_BOOKS),
+        "CAPRAG_CHROMA_DIR": str(tmp_path / "store"),
+        "CAPRAG_DECISION_LOG": str(tmp_path / "file" / "decisions.db"),
+        "CAPRAG_PORT": "1",  # never reached: the check comes first
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "caprag.api"],
+        cwd=PROJECT_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("error: cannot open the decision log CAPRAG_DECISION_LOG=")
+    assert done.stderr.count("\n") == 1
