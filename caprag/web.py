@@ -131,7 +131,9 @@ def feedback_control(request_id: str) -> str:
         f'<form class="feedback" hx-post="/chat/feedback" hx-swap="outerHTML">'
         f'<input type="hidden" name="request_id" value="{rid}">'
         "<span>Was this answer enough?</span>"
-        '<input name="comment" maxlength="2000" placeholder="what was missing? (optional)">'
+        '<input name="comment" maxlength="2000" placeholder="what was missing? (optional)" '
+        # Enter would submit with the first button ("enough"): the verdict is a button's choice.
+        "onkeydown=\"if (event.key === 'Enter') event.preventDefault()\">"
         '<button type="submit" name="enough" value="true">enough</button>'
         '<button type="submit" name="enough" value="false">not enough</button>'
         "</form>"

@@ -100,6 +100,9 @@ def test_adaptive_rounds_and_answer_feedback_in_the_browser(tmp_path: Path) -> N
         )
         expect(first).to_contain_text("power auto")
         first.locator("input[name=comment]").fill("no example with both attacks")
+        first.locator("input[name=comment]").press("Enter")  # no verdict chosen: nothing sent
+        page.wait_for_timeout(500)
+        expect(first.locator(".recorded")).to_have_count(0)
         SHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SHOTS / "chat-feedback-control.png"), full_page=True)
         first.get_by_role("button", name="not enough").click()
