@@ -640,7 +640,8 @@ class RunIdentity:
         folder = Path(self.cfg.paths.journals)
         if self.experiment_id is None:
             journal = Journal(folder, self.journal_name or f"cfg-{self.config_hash}").open()
-            yield journal, None
+            with _kept_on_failure(journal):
+                yield journal, None
             journal.close(remove=True)
             return
         parent = (
@@ -654,8 +655,20 @@ class RunIdentity:
             print(f"MLflow run {run_id} (if interrupted: experiment.resume={run_id})", flush=True)
             if self.resume_id is None:
                 tracking.log_config(self.config)
-            yield journal, run_id
+            with _kept_on_failure(journal):
+                yield journal, run_id
         journal.close(remove=True)
+
+
+@contextlib.contextmanager
+def _kept_on_failure(journal: Journal) -> Iterator[None]:
+    """Close (and keep) the journal when the body raises: its lock is released at once, so the
+    same process can resume the run while the traceback (which holds the journal) lives on."""
+    try:
+        yield
+    except BaseException:
+        journal.close()
+        raise
 
 
 DEFAULT_RETRIEVER = "dense-minilm"
