@@ -401,6 +401,8 @@ def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
     check_settings(cfg)
     dry = bool(cfg.experiment.dry_run)
     if not dry:
+        if cfg.tracking.enabled and cfg.tracking.traces:
+            traces.shared()  # forked before anything is built: the fork copies little
         workers.prepare(cfg)  # the workers' server imports while the components are built
     parts = build_components(cfg, llm=not dry)
     raw = OmegaConf.to_container(cfg, resolve=True)
@@ -428,7 +430,7 @@ def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
     tags = run_tags(cfg, identity, strategy, parts.steps)
     writing = bool(cfg.tracking.enabled and cfg.tracking.traces)
     with (
-        traces.writer(writing) as trace_writer,  # forked first: it must not hold the journal
+        traces.writer(writing) as trace_writer,  # forked before the journal: it must not hold it
         workers.pool(cfg, config) as pool,  # started while the MLflow run and journal open
         identity.open(name, sweep_id, tags) as (journal, run_id),
     ):
