@@ -15,6 +15,8 @@ import matplotlib.pyplot as plt
 
 from caprag.config import PROJECT_ROOT
 from experiments.calibration import expected_calibration_error, reliability
+from experiments.oracle import OracleError, oracle_routing
+from experiments.oracle import markdown as oracle_markdown
 from experiments.runs import LoadedRun, connect, distinct_labels, load_run, per_set
 from experiments.tables import compare_table, fmt_cell, markdown_table
 
@@ -123,6 +125,18 @@ def plot_calibration(runs: list[LoadedRun], path: Path) -> bool:
     return True
 
 
+def oracle_section(runs: list[LoadedRun]) -> list[str]:
+    """The oracle-routing ceiling over the runs that have per-question rows (none: no section)."""
+    tables = {run.label: run.questions for run in runs if not run.questions.empty}
+    if len(tables) < 2:
+        return []
+    try:
+        result = oracle_routing(tables)
+    except OracleError as exc:
+        return ["## Oracle routing (ceiling)", "", f"Not computed: {exc}.", ""]
+    return ["## Oracle routing (ceiling)", "", oracle_markdown(result)]
+
+
 def write_report(runs: list[LoadedRun], name: str, notes: str = "") -> Path:
     """Render tables and plots for the runs into reports/<name>.md (+ PNGs)."""
     REPORTS.mkdir(exist_ok=True)
@@ -166,6 +180,7 @@ def write_report(runs: list[LoadedRun], name: str, notes: str = "") -> Path:
             markdown_table(["run", "set", "questions", *SET_METRICS], rows),
             "",
         ]
+    lines += oracle_section(runs)
     lines += [
         "## Plots",
         "",
