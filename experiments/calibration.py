@@ -8,6 +8,7 @@ Two parts:
 
     python -m experiments.calibration fit NAME dataset=hotpotqa   # -> conf/strategy/calibration/
     python -m experiments.calibration check NAME dataset=curated  # ECE, mean confidence, AUC there
+    python -m experiments.calibration summary curated=AUTO_RUN,DEPTH3_RUN ...  # report numbers
 
 Overrides after NAME are the harness's Hydra overrides (dataset, retriever, strategy.depth_chunks).
 A calibration must be judged on data it was not fitted on: `check` says so when the two match.
@@ -212,6 +213,121 @@ def describe(label: str, scores: dict[str, float]) -> str:
     )
 
 
+# Adaptive against always-deep, from finished runs (the report's numbers).
+
+TARGET_SAVINGS = 0.40
+"""Issue #19: at least 40 % fewer prompt tokens than always depth 3 ..."""
+TARGET_RECALL_LOSS = 0.01
+"""... at no more than 1 point of gold-passage recall@k lost."""
+
+
+def final_decision(trace: Sequence[dict[str, object]]) -> str:
+    """The last hop's adaptive decision (budget stops by their budget), '—' without one."""
+    return str(trace[-1].get("adaptive_decision") or "—") if trace else "—"
+
+
+def adaptive_summary(auto: pd.DataFrame, deep: pd.DataFrame) -> dict[str, float]:
+    """Adaptive (auto) against always-deep, question by question (ok rows of both runs)."""
+    from experiments.runs import hop_trace
+
+    auto = auto[auto["status"] == "ok"]
+    deep = deep[deep["status"] == "ok"]
+    shared = sorted(set(auto["question_id"]) & set(deep["question_id"]))
+    a = auto.set_index("question_id").loc[shared]
+    d = deep.set_index("question_id").loc[shared]
+    success = (a["context_recall"] == 1.0).astype(float)
+    table = reliability(a["confidence"], success)
+    decisions = pd.Series([final_decision(hop_trace(row)) for _, row in a.iterrows()])
+    return {
+        "questions": float(len(shared)),
+        "tokens_auto": float(a["prompt_tokens"].mean()),
+        "tokens_deep": float(d["prompt_tokens"].mean()),
+        "savings": 1.0 - float(a["prompt_tokens"].mean()) / float(d["prompt_tokens"].mean()),
+        "recall_at_k_auto": float(a["recall_at_k"].mean()),
+        "recall_at_k_deep": float(d["recall_at_k"].mean()),
+        "context_recall_auto": float(a["context_recall"].mean()),
+        "context_recall_deep": float(d["context_recall"].mean()),
+        "mean_confidence": float(a["confidence"].mean()),
+        "success_rate": float(success.mean()),
+        "ece": expected_calibration_error(table),
+        "auc": ranking_auc(a["confidence"].tolist(), success.tolist()),
+        "needed_2plus_rounds": float(a["needed_2plus_rounds"].mean()),
+        "reached_threshold": float(a["reached_threshold"].mean()),
+        **{f"depth_{n}": float((a["depth"] == n).mean()) for n in (1, 2, 3)},
+        **{f"stop:{name}": float(share) for name, share in decisions.value_counts(True).items()},
+    }
+
+
+def verdict_line(summary: dict[str, float]) -> str:
+    """Whether the issue's targets were met on recall@k, and what cumulative recall lost."""
+    loss = summary["recall_at_k_deep"] - summary["recall_at_k_auto"]
+    saved = summary["savings"]
+    met_savings = saved >= TARGET_SAVINGS
+    met_recall = loss <= TARGET_RECALL_LOSS + 1e-9
+    parts = [
+        f"{saved:.1%} fewer prompt tokens than always depth 3 "
+        f"({'met' if met_savings else 'missed'}: target >= {TARGET_SAVINGS:.0%}, "
+        f"{(saved - TARGET_SAVINGS) * 100:+.1f} points)",
+        f"recall@k {summary['recall_at_k_auto']:.3f} vs {summary['recall_at_k_deep']:.3f} "
+        f"({(summary['recall_at_k_auto'] - summary['recall_at_k_deep']) * 100:+.1f} points; "
+        f"{'met' if met_recall else 'missed'}: at most -1 point)",
+        f"cumulative recall of every passage handed to generation "
+        f"{summary['context_recall_auto']:.3f} vs {summary['context_recall_deep']:.3f} "
+        f"({(summary['context_recall_auto'] - summary['context_recall_deep']) * 100:+.1f} points)",
+    ]
+    return "; ".join(parts)
+
+
+def summary_markdown(pairs: Sequence[tuple[str, str, str]]) -> str:
+    """For each (label, auto run id, depth-3 run id): the target verdict, a table of tokens,
+    recall, confidence and stops, and the paired significance of auto against depth 3."""
+    from experiments.runs import load_run
+    from experiments.significance import compare_runs, render_table
+    from experiments.tables import markdown_table
+
+    blocks: list[str] = []
+    rows: list[list[str]] = []
+    summaries = []
+    for label, auto_id, deep_id in pairs:
+        auto, deep = load_run(auto_id), load_run(deep_id)
+        summary = adaptive_summary(auto.questions, deep.questions)
+        summaries.append((label, summary, auto, deep))
+    names = [
+        ("questions", "questions", "{:.0f}"),
+        ("tokens_deep", "prompt tokens/question, always depth 3", "{:,.0f}"),
+        ("tokens_auto", "prompt tokens/question, adaptive auto", "{:,.0f}"),
+        ("savings", "savings vs depth 3 (target >= 40 %)", "{:.1%}"),
+        ("recall_at_k_deep", "recall@k (k = 8), depth 3", "{:.3f}"),
+        ("recall_at_k_auto", "recall@k (k = 8), auto", "{:.3f}"),
+        ("context_recall_deep", "cumulative recall (all passages read), depth 3", "{:.3f}"),
+        ("context_recall_auto", "cumulative recall (all passages read), auto", "{:.3f}"),
+        ("mean_confidence", "auto: mean final confidence", "{:.3f}"),
+        ("success_rate", "auto: share with every gold passage read", "{:.3f}"),
+        ("ece", "auto: ECE (5 buckets)", "{:.3f}"),
+        ("auc", "auto: AUC of confidence for that success", "{:.3f}"),
+        ("needed_2plus_rounds", "auto: needed 2+ rounds", "{:.1%}"),
+        ("reached_threshold", "auto: reached its threshold", "{:.1%}"),
+        ("depth_1", "auto: ended at depth 1", "{:.1%}"),
+        ("depth_2", "auto: ended at depth 2", "{:.1%}"),
+        ("depth_3", "auto: ended at depth 3", "{:.1%}"),
+    ]
+    stops = sorted({k for _, s, _, _ in summaries for k in s if k.startswith("stop:")})
+    for key, text, form in names + [(k, f"auto: stopped by {k[5:]}", "{:.1%}") for k in stops]:
+        rows.append([text, *(form.format(s[key]) if key in s else "—" for _, s, _, _ in summaries)])
+    blocks.append(markdown_table(["", *(label for label, *_ in summaries)], rows))
+    for label, summary, auto, deep in summaries:
+        comparisons = compare_runs(
+            deep.questions, auto.questions, ["recall_at_k", "context_recall", "prompt_tokens"]
+        )
+        blocks.append(
+            f"**{label}** — {verdict_line(summary)}. Paired over {summary['questions']:.0f} "
+            f"questions, A = depth 3 (`{deep.run_id}`), B = auto (`{auto.run_id}`); CI: "
+            "percentile bootstrap, p: paired sign-flip permutation test (10,000 draws, "
+            "experiments.significance):\n\n" + render_table(comparisons, markdown=True)
+        )
+    return "\n\n".join(blocks)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Fit adaptive's confidence calibration on one dataset, or judge a saved one on another."""
     parser = argparse.ArgumentParser(prog="python -m experiments.calibration", description=__doc__)
@@ -225,7 +341,26 @@ def main(argv: list[str] | None = None) -> int:
     check_cmd = sub.add_parser("check", help="judge a saved calibration on the chosen dataset")
     check_cmd.add_argument("name")
     check_cmd.add_argument("overrides", nargs="*")
+    summary_cmd = sub.add_parser(
+        "summary", help="adaptive auto vs depth 3 from finished runs, as Markdown"
+    )
+    summary_cmd.add_argument(
+        "pairs", nargs="+", metavar="LABEL=AUTO_RUN,DEPTH3_RUN", help="one per dataset"
+    )
     args = parser.parse_args(argv)
+    if args.command == "summary":
+        from experiments.runs import connect
+
+        connect()
+        pairs = []
+        for item in args.pairs:
+            label, _, ids = item.partition("=")
+            auto_id, _, deep_id = ids.partition(",")
+            if not (label and auto_id and deep_id):
+                parser.error(f"expected LABEL=AUTO_RUN,DEPTH3_RUN, got {item!r}")
+            pairs.append((label, auto_id, deep_id))
+        print(summary_markdown(pairs))
+        return 0
     dataset, frame = collect(args.overrides)
     if frame.empty:
         print(f"{dataset}: no answerable question to fit or judge on", file=sys.stderr)
