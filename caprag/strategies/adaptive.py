@@ -186,11 +186,16 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
         """What the timeout budget reads: one clock for every turn (tests pass one that moves
         only when told), or a factory called once per turn (the harness's SearchClock); None:
         the wall clock."""
+        self.turn_clock()  # a clock factory with bad settings fails here, not at a question
         self.calibration = Calibration.from_config(calibration)
         """Maps the rule's signals to the confidence compared with the thresholds (None: the
         weighted heuristic as it is). An LLM self-assessment, which has no signals, is used as
         the model gives it."""
-        self.stop_when_unchanged = bool(stop_when_unchanged)
+        if not isinstance(stop_when_unchanged, bool):
+            raise ValueError(
+                f"stop_when_unchanged must be true or false, not {stop_when_unchanged!r}"
+            )
+        self.stop_when_unchanged = stop_when_unchanged
         """Stop deepening when a deeper round left the top passages unchanged."""
         self.depth_chunks = tuple(int(n) for n in depth_chunks)
         if not 1 <= max_depth <= len(self.depth_chunks):

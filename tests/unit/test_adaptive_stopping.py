@@ -318,3 +318,18 @@ async def test_the_search_clock_still_enforces_the_timeout(fixture_index: Passag
         ]
     with pytest.raises(ValueError, match="must not be negative"):
         SearchClock(seconds_per_search=-1.0)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("strategy.stop_when_unchanged=maybe", "stop_when_unchanged must be true or false"),
+        ("+strategy.calibration.weights.colour=1.0", "unknown signals \\['colour'\\]"),
+        ("strategy.clock.seconds_per_search=-1", "must not be negative"),
+    ],
+)
+def test_bad_adaptive_settings_fail_with_a_clear_error(override: str, message: str) -> None:
+    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["strategy=adaptive", override])
+    with pytest.raises(Exception, match=message):
+        instantiate(cfg.strategy)(retriever=None, steps=rule_steps(), k=8)
