@@ -25,14 +25,18 @@ class HopTrace(BaseModel):
     context_tokens: int | None = Field(default=None, description="Tokens of those passages.")
     confidence: float | None = Field(default=None, description="Confidence after the hop, 0-1.")
     confidence_signals: dict[str, float] | None = Field(
-        default=None, description="Heuristic parts: relevance, recency, diversity, completeness."
+        default=None,
+        description="Heuristic parts (relevance, recency, diversity, completeness), retrieval "
+        "measures (coverage, open_references, margin, log_passages), `heuristic` (before "
+        "calibration) and `top_k_agreement` (deeper rounds).",
     )
     missing_info: list[str] | None = Field(default=None, description="What the context lacks.")
     threshold: float | None = Field(default=None, description="Confidence the query type needs.")
     query_type: str | None = Field(default=None, description="factual/operational/decision/...")
     adaptive_decision: str | None = Field(
         default=None,
-        description="increase_depth, sufficient, forced_depth or budget_exhausted:<budget>.",
+        description="increase_depth, sufficient, forced_depth, top_k_unchanged or "
+        "budget_exhausted:<budget>.",
     )
     warning: str | None = Field(default=None, description="Stopped below the threshold: why.")
     hint: str | None = Field(default=None, description="Forced depth below threshold: advice.")

@@ -88,11 +88,9 @@ def instant_steps(**_group: Any) -> Steps:
 # --- running the harness ------------------------------------------------------------------------
 
 
-def compose_cfg(folder: Path, *overrides: str) -> DictConfig:
-    """The project config with every file the run writes inside `folder`."""
-    import experiments  # noqa: F401  (registers the ${project:...} resolver)
-
-    base = [
+def base_overrides(folder: Path) -> list[str]:
+    """Overrides that put every file a run writes inside `folder` (no progress bar, no resume)."""
+    return [
         f"paths.store={folder / 'store'}",
         f"paths.journals={folder / 'journals'}",
         f"paths.cache={folder / 'llm-cache.sqlite'}",
@@ -100,8 +98,14 @@ def compose_cfg(folder: Path, *overrides: str) -> DictConfig:
         "experiment.progress=false",
         "experiment.resume=never",
     ]
+
+
+def compose_cfg(folder: Path, *overrides: str) -> DictConfig:
+    """The project config with every file the run writes inside `folder`."""
+    import experiments  # noqa: F401  (registers the ${project:...} resolver)
+
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("config", overrides=[*base, *overrides])
+        return compose("config", overrides=[*base_overrides(folder), *overrides])
 
 
 @contextlib.contextmanager

@@ -15,7 +15,10 @@ import matplotlib.pyplot as plt
 
 from caprag.config import PROJECT_ROOT
 from experiments.calibration import expected_calibration_error, reliability
+from experiments.oracle import OracleError, oracle_routing
+from experiments.oracle import markdown as oracle_markdown
 from experiments.runs import LoadedRun, connect, distinct_labels, load_run, per_set
+from experiments.significance import compare_runs, render_table
 from experiments.tables import compare_table, fmt_cell, markdown_table
 
 REPORTS = PROJECT_ROOT / "reports"
@@ -123,7 +126,45 @@ def plot_calibration(runs: list[LoadedRun], path: Path) -> bool:
     return True
 
 
-def write_report(runs: list[LoadedRun], name: str, notes: str = "") -> Path:
+def oracle_section(runs: list[LoadedRun]) -> list[str]:
+    """The oracle-routing ceiling over the runs that have per-question rows (none: no section)."""
+    tables = {run.label: run.questions for run in runs if not run.questions.empty}
+    if len(tables) < 2:
+        return []
+    try:
+        result = oracle_routing(tables)
+    except OracleError as exc:
+        return ["## Oracle routing (ceiling)", "", f"Not computed: {exc}.", ""]
+    return ["## Oracle routing (ceiling)", "", oracle_markdown(result)]
+
+
+BASELINE_METRICS = ["recall_at_k", "all_gold_at_k", "hops", "tokens"]
+
+
+def baseline_section(runs: list[LoadedRun], baseline: LoadedRun) -> list[str]:
+    """Per question set, each run of the baseline's strategy against the baseline, paired."""
+    lines = [
+        "## Paired significance against the baseline run",
+        "",
+        f"A = baseline `{baseline.run_id}` ({baseline.name}), B = the run named. 95 % "
+        "percentile-bootstrap CI over questions and two-sided paired permutation p (10,000 "
+        "draws, seed 0; `experiments.significance`).",
+        "",
+    ]
+    frame = baseline.questions
+    for run in runs:
+        if run.strategy != baseline.strategy or run.questions.empty or frame.empty:
+            continue
+        for set_name in sorted(frame["set"].unique()):
+            rows_b = run.questions[run.questions["set"] == set_name]
+            table = compare_runs(frame[frame["set"] == set_name], rows_b, BASELINE_METRICS)
+            lines += [f"### {set_name}: {run.label}", "", render_table(table, markdown=True), ""]
+    return lines
+
+
+def write_report(
+    runs: list[LoadedRun], name: str, notes: str = "", baseline: LoadedRun | None = None
+) -> Path:
     """Render tables and plots for the runs into reports/<name>.md (+ PNGs)."""
     REPORTS.mkdir(exist_ok=True)
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
@@ -137,7 +178,9 @@ def write_report(runs: list[LoadedRun], name: str, notes: str = "") -> Path:
         f"# {name}",
         "",
         f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by "
-        f"`python -m experiments.report {' '.join(r.run_id for r in runs)}`.",
+        f"`python -m experiments.report {' '.join(r.run_id for r in runs)}"
+        + (f" --baseline {baseline.run_id}" if baseline else "")
+        + "`.",
         "",
     ]
     if notes:
@@ -166,6 +209,9 @@ def write_report(runs: list[LoadedRun], name: str, notes: str = "") -> Path:
             markdown_table(["run", "set", "questions", *SET_METRICS], rows),
             "",
         ]
+    lines += oracle_section(runs)
+    if baseline is not None:
+        lines += baseline_section(runs, baseline)
     lines += [
         "## Plots",
         "",
@@ -189,11 +235,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_ids", nargs="+")
     parser.add_argument("--name", default="comparison")
     parser.add_argument("--notes", default="", help="a paragraph placed under the title")
+    parser.add_argument(
+        "--baseline",
+        default=None,
+        metavar="RUN_ID",
+        help="a run to test the runs of its strategy against, per question set (paired)",
+    )
     args = parser.parse_args(argv)
     connect()
     runs = [load_run(r) for r in args.run_ids]
     distinct_labels(runs)
-    path = write_report(runs, args.name, args.notes)
+    baseline = load_run(args.baseline) if args.baseline else None
+    path = write_report(runs, args.name, args.notes, baseline)
     print(f"wrote {path}")
     return 0
 

@@ -401,6 +401,8 @@ def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
     check_settings(cfg)
     dry = bool(cfg.experiment.dry_run)
     if not dry:
+        if cfg.tracking.enabled and cfg.tracking.traces:
+            traces.shared()  # forked before anything is built: the fork copies little
         workers.prepare(cfg)  # the workers' server imports while the components are built
     parts = build_components(cfg, llm=not dry)
     raw = OmegaConf.to_container(cfg, resolve=True)
@@ -428,7 +430,7 @@ def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
     tags = run_tags(cfg, identity, strategy, parts.steps)
     writing = bool(cfg.tracking.enabled and cfg.tracking.traces)
     with (
-        traces.writer(writing) as trace_writer,  # forked first: it must not hold the journal
+        traces.writer(writing) as trace_writer,  # forked before the journal: it must not hold it
         workers.pool(cfg, config) as pool,  # started while the MLflow run and journal open
         identity.open(name, sweep_id, tags) as (journal, run_id),
     ):
@@ -640,7 +642,8 @@ class RunIdentity:
         folder = Path(self.cfg.paths.journals)
         if self.experiment_id is None:
             journal = Journal(folder, self.journal_name or f"cfg-{self.config_hash}").open()
-            yield journal, None
+            with _kept_on_failure(journal):
+                yield journal, None
             journal.close(remove=True)
             return
         parent = (
@@ -654,8 +657,20 @@ class RunIdentity:
             print(f"MLflow run {run_id} (if interrupted: experiment.resume={run_id})", flush=True)
             if self.resume_id is None:
                 tracking.log_config(self.config)
-            yield journal, run_id
+            with _kept_on_failure(journal):
+                yield journal, run_id
         journal.close(remove=True)
+
+
+@contextlib.contextmanager
+def _kept_on_failure(journal: Journal) -> Iterator[None]:
+    """Close (and keep) the journal when the body raises: its lock is released at once, so the
+    same process can resume the run while the traceback (which holds the journal) lives on."""
+    try:
+        yield
+    except BaseException:
+        journal.close()
+        raise
 
 
 DEFAULT_RETRIEVER = "dense-minilm"

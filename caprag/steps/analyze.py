@@ -1,11 +1,15 @@
 """Step `analyze` (multi-hop): do the gathered passages answer the question, what to search next.
 
-Rule: a pure function (`decide`), testable alone: follow unresolved cross-references; in passages
-that cite nothing, the names they mention but the question does not; else uncovered question
-terms. LLM: the ANALYZE prompt. Both are held to the same contract: at most `max_queries` new
-queries per hop (an LLM reply with more is cut, and the cut is noted on the call). If the LLM's
-reply never parses, the analysis says sufficient (multi-hop stops with what it has) and the call
-is recorded with its error.
+Rule: a pure function (`decide`), testable alone. 1. When one gathered passage covers the
+question (misses fewer than 2 or 25 % of its terms) it answers it: sufficient, unless the sentence
+that answers defers to a pointer not gathered yet (then only that pointer). 2. Otherwise follow
+unresolved cross-references of the passages the question is about (all of them when most of the
+question is missing, else those cited in a sentence about the question); in passages that cite
+nothing, the names they mention but the question does not; in text with no citations at all,
+else uncovered question terms. LLM: the ANALYZE prompt (unchanged). Both are held to the same
+contract: at most `max_queries` new queries per hop (an LLM reply with more is cut, and the cut is
+noted on the call). If the LLM's reply never parses, the analysis says sufficient (multi-hop stops
+with what it has) and the call is recorded with its error.
 """
 
 from __future__ import annotations
@@ -72,6 +76,16 @@ MIN_UNCOVERED_SHARE = 0.3
 MIN_UNCOVERED_TERMS = 2
 MAX_BRIDGES = 2
 """Bridge names followed per hop: each costs a passage of the fixed budget k."""
+MISSING_MIN_TERMS = 2
+MISSING_MIN_SHARE = 0.25
+"""A question has a missing part when the passage that covers most of it leaves out at least
+this many of its terms and this share of them; otherwise that passage answers it and the analysis
+is sufficient after the hop (pointers and names in the passages are not followed)."""
+MOSTLY_MISSING_TERMS = 4
+MOSTLY_MISSING_SHARE = 0.4
+"""When that passage leaves out this much of the question, the answer lies elsewhere and every
+pointer of the passages the question is about is followed; with less missing, only pointers whose
+citing sentence is about the question (see `pointer_is_relevant`)."""
 
 
 def is_resolved(reference: Reference, documents: Sequence[Document]) -> bool:
@@ -136,6 +150,62 @@ def unresolved_references(question: str, documents: Sequence[Document]) -> list[
     return found
 
 
+def covering_passage(question: str, documents: Sequence[Document]) -> Document | None:
+    """The passage that contains the most of the question's terms (the first on a tie)."""
+    wanted = set(terms(question))
+    best: Document | None = None
+    best_count = 0
+    for doc in documents:
+        count = len(wanted & (set(terms(doc.text)) | set(terms(doc.section))))
+        if count > best_count:
+            best, best_count = doc, count
+    return best
+
+
+def missing_part(question: str, documents: Sequence[Document]) -> list[str]:
+    """Question terms that the passage covering most of the question does not contain."""
+    best = covering_passage(question, documents)
+    words = set() if best is None else set(terms(best.text)) | set(terms(best.section))
+    return [t for t in dict.fromkeys(terms(question)) if t not in words]
+
+
+def answer_pointers(question: str, documents: Sequence[Document]) -> list[Reference]:
+    """Unresolved pointers in the sentence of the covering passage that shares the most terms
+    with the question: the answer itself is qualified elsewhere ('a penalty of 4, modified by Old
+    Soldier (Gifts, p. 7)'), so the covering passage alone does not answer."""
+    best = covering_passage(question, documents)
+    if best is None:
+        return []
+    wanted = set(terms(question))
+    cited = [(len(wanted & set(terms(s))), s) for s in sentences(best.text)]
+    top = max((shared for shared, _ in cited), default=0)
+    found: list[Reference] = []
+    for shared, sentence in cited:
+        if shared == top and top > 0:
+            found += [r for r in references(sentence) if not is_resolved(r, documents)]
+    return list(dict.fromkeys(found))
+
+
+def has_missing_part(
+    question: str, missing: Sequence[str], terms_min: int, share_min: float
+) -> bool:
+    """At least `terms_min` of the question's terms, and `share_min` of them, are missing."""
+    share = len(missing) / max(len(set(terms(question))), 1)
+    return len(missing) >= terms_min and share >= share_min
+
+
+def pointer_is_relevant(question: str, reference: Reference, documents: Sequence[Document]) -> bool:
+    """A pointer is about the question when a sentence citing it shares a question term beyond
+    the citing passage's own heading and the pointer's own name (those say what the passage and
+    the target are called, not what the question asks of them)."""
+    wanted = set(terms(question)) - set(terms(reference.name))
+    for doc in documents:
+        for cited, words in _cited(doc):
+            if cited == reference and (wanted & words) - set(terms(doc.section)):
+                return True
+    return False
+
+
 def _title(section: str) -> str:
     """A section heading without its disambiguation ('Wale (rapper)' → 'wale')."""
     return section.split(" (")[0].strip().lower()
@@ -186,15 +256,36 @@ def decide(
     searched: Sequence[str] = (),
     notes: list[str] | None = None,
 ) -> SufficiencyDecision:
-    """Offline decision: follow unresolved references; in passages that cite nothing, follow the
-    names they mention but the question does not (a bridge); else search uncovered terms.
+    """Offline decision: stop when a passage covers the question (and its answering sentence
+    defers to nothing); else follow the unresolved references the question needs; in passages
+    that cite nothing, follow the names they mention but the question does not (a bridge); in
+    text without citations, else search uncovered terms.
 
     However long the question, every query and the reasoning stay within the schema's bounds:
     what is cut is said in `notes`."""
     asked = {q.strip().lower() for q in searched}
     queries: list[str] = []
     reasons: list[str] = []
+    # 1. A passage that covers (nearly) the whole question answers it: stop after this hop.
+    gap = missing_part(question, documents)
+    if not has_missing_part(question, gap, MISSING_MIN_TERMS, MISSING_MIN_SHARE):
+        pointers = [r.query() for r in answer_pointers(question, documents)]
+        pointers = [q for q in pointers if q.lower() not in asked][:MAX_NEW_QUERIES]
+        if pointers:
+            reasoning = "the answering sentence defers to: " + ", ".join(pointers)
+        else:
+            reasoning = "the passage the question is about covers it" + (
+                f" (all but: {', '.join(gap)})" if gap else ""
+            )
+        reasoning = fit(reasoning, MAX_REASONING_CHARS, "the reasoning", notes)
+        pointers = [fit(q, MAX_QUERY_CHARS, "a query", notes) for q in pointers]
+        return SufficiencyDecision(
+            sufficient=not pointers, new_queries=pointers, reasoning=reasoning
+        )
+    # 2. Pointers the question needs: all when most of it is missing, else those cited about it.
     refs = unresolved_references(question, documents)
+    if not has_missing_part(question, gap, MOSTLY_MISSING_TERMS, MOSTLY_MISSING_SHARE):
+        refs = [r for r in refs if pointer_is_relevant(question, r, documents)]
     for reference in refs:
         query = reference.query()
         if query.lower() not in asked and query not in queries:
@@ -203,8 +294,9 @@ def decide(
         reasons.append(
             "unresolved references: " + ", ".join(r.query() for r in refs[:MAX_NEW_QUERIES])
         )
-    # A corpus that writes its cross-references as citations is followed by them alone; text
-    # without any (encyclopaedic articles) is followed by the names it mentions.
+    # 3. A corpus that writes its cross-references as citations is followed by them alone; text
+    # without any (encyclopaedic articles) is followed by the names it mentions, else by the
+    # question terms no passage contains.
     cites = any(references(doc.text) for doc in documents)
     bridges = [] if cites else bridge_entities(question, documents)
     bridges = [b for b in bridges if b.lower() not in asked][:MAX_BRIDGES]
@@ -213,7 +305,8 @@ def decide(
         queries += [b for b in bridges if b not in queries]
     missing = uncovered_terms(question, documents)
     share = len(missing) / max(len(set(terms(question))), 1)
-    if not bridges and len(missing) >= MIN_UNCOVERED_TERMS and share >= MIN_UNCOVERED_SHARE:
+    wide = len(missing) >= MIN_UNCOVERED_TERMS and share >= MIN_UNCOVERED_SHARE
+    if not cites and not bridges and wide:
         reasons.append("question terms not covered: " + ", ".join(missing))
         query = fit(" ".join(missing), MAX_QUERY_CHARS, "the query of uncovered terms", notes)
         if query.lower() not in asked and query not in queries:

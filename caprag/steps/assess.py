@@ -16,13 +16,25 @@ confidence = 0.4 relevance + 0.2 recency + 0.2 diversity + 0.2 completeness, eac
 - completeness: share of the question's terms found in any passage, minus 0.25 per unresolved
   cross-reference (caprag.steps.analyze.unresolved_references): a cited rule that is missing is what
   deeper retrieval can still bring in.
+
+Beside the four weighted signals the rule measures the retrieval itself (recorded in the trace,
+and the inputs of a fitted `Calibration`): coverage (share of the question's terms in any passage),
+open_references (unresolved cross-references, 3 or more = 1.0), margin (how far the last passage's
+retrieval score fell below the best one's: near 0 means the ranking has not dropped off yet) and
+log_passages (the natural log of the number of passages read).
+
+A `Calibration` maps those signals to the probability that every passage the question needs is
+among the ones read (a logistic model fitted on one dataset by `python -m experiments.calibration
+fit` and judged on another): with it, "confidence 0.9" means "9 in 10 such retrievals held
+everything", which is what a threshold asks.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel, Field
 
@@ -63,8 +75,11 @@ class ConfidenceAssessment(BaseModel):
 
 
 WEIGHTS = {"relevance": 0.4, "recency": 0.2, "diversity": 0.2, "completeness": 0.2}
+MEASURES = ("coverage", "open_references", "margin", "log_passages")
+"""Signals measured from the retrieval beside the weighted four (features of a Calibration)."""
 DIVERSE_BOOKS = 3
 UNRESOLVED_PENALTY = 0.25
+MAX_OPEN_REFERENCES = 3
 
 
 @dataclass(frozen=True)
@@ -77,10 +92,18 @@ class ConfidenceSignals:
     completeness: float
     uncovered: tuple[str, ...] = ()
     unresolved: tuple[str, ...] = ()
+    coverage: float = 0.0
+    """Share of the question's terms found in any passage."""
+    open_references: float = 0.0
+    """Unresolved cross-references, MAX_OPEN_REFERENCES or more = 1.0."""
+    margin: float = 0.0
+    """1 - last passage's retrieval score / best passage's (0 when scores are not positive)."""
+    log_passages: float = 0.0
+    """Natural log of the number of passages read (0 for one passage or none)."""
 
     def as_dict(self) -> dict[str, float]:
-        """Signal name → value, rounded for traces."""
-        return {name: round(getattr(self, name), 4) for name in WEIGHTS}
+        """Signal name → value (the weighted four, then the retrieval measures), rounded."""
+        return {name: round(getattr(self, name), 4) for name in (*WEIGHTS, *MEASURES)}
 
     @property
     def confidence(self) -> float:
@@ -141,7 +164,70 @@ def heuristic_confidence(question: str, documents: Sequence[Document]) -> Confid
         completeness=max(0.0, coverage - UNRESOLVED_PENALTY * len(unresolved)),
         uncovered=tuple(uncovered),
         unresolved=tuple(unresolved),
+        coverage=coverage,
+        open_references=min(1.0, len(unresolved) / MAX_OPEN_REFERENCES),
+        margin=score_margin(documents),
+        log_passages=math.log(len(documents)),
     )
+
+
+def score_margin(documents: Sequence[Document]) -> float:
+    """How far retrieval scores fell from the first passage to the last, 0-1 (in rank order).
+
+    A ranking still near its best score at the cut suggests more passages like these lie below
+    it; one that has dropped off suggests the rest is less related. Not positive scores: 0.
+    """
+    if len(documents) < 2 or documents[0].score <= 0:
+        return 0.0
+    return min(1.0, max(0.0, 1.0 - documents[-1].score / documents[0].score))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Signals → probability that every needed passage was read: a logistic model.
+
+    p = 1 / (1 + exp(-(intercept + sum(weight * signal)))). Fitted by `python -m
+    experiments.calibration fit` on one dataset (`fitted_on` says which) and to be judged on
+    another.
+    """
+
+    intercept: float
+    weights: Mapping[str, float]
+    fitted_on: str = ""
+    features: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        known = (*WEIGHTS, *MEASURES)
+        unknown = sorted(set(self.weights) - set(known))
+        if unknown:
+            raise ValueError(f"calibration weights for unknown signals {unknown}; use {known}")
+        if not self.weights:
+            raise ValueError("a calibration needs at least one signal weight")
+        object.__setattr__(self, "features", tuple(self.weights))
+
+    @classmethod
+    def from_config(cls, config: Calibration | Mapping[str, object] | None) -> Calibration | None:
+        """A Calibration from its config mapping (intercept, weights, fitted_on); empty: None."""
+        if config is None or isinstance(config, Calibration):
+            return config
+        if not config:
+            return None
+        weights = config.get("weights") or {}
+        if not isinstance(weights, Mapping):
+            raise ValueError("calibration.weights must map signal names to numbers")
+        return cls(
+            intercept=float(str(config.get("intercept", 0.0))),
+            weights={str(k): float(v) for k, v in weights.items()},
+            fitted_on=str(config.get("fitted_on") or ""),
+        )
+
+    def probability(self, signals: Mapping[str, float]) -> float:
+        """The calibrated confidence for one retrieval's signals (all features must be there)."""
+        missing = [name for name in self.features if name not in signals]
+        if missing:
+            raise KeyError(f"the calibration needs signals {missing}, which were not measured")
+        z = self.intercept + sum(w * float(signals[n]) for n, w in self.weights.items())
+        return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
 
 
 class RuleAssessor:

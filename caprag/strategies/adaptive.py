@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 from caprag.clock import Clock, MonotonicClock
 from caprag.llm.prompt import format_passages
@@ -14,10 +14,12 @@ from caprag.llm.usage import count_tokens
 from caprag.schemas import CallUsage, Document, Question
 from caprag.state import GraphState
 from caprag.steps import Steps
+from caprag.steps.assess import Calibration
 from caprag.strategies.base import DocumentPool, RetrievalStrategy, Retriever, elapsed
 from caprag.trace import HopTrace
 
 BUDGETS = ("depth", "iterations", "chunks", "tokens", "timeout")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -61,14 +63,18 @@ class Progress:
     elapsed_s: float
     timed_out: bool = False
     forced: bool = False
+    unchanged: bool = False
+    """A deeper round left the top passages as they were (see top_k_agreement)."""
 
 
 def decide(progress: Progress, budget: Budget) -> str:
-    """Next step: sufficient, forced_depth, increase_depth or budget_exhausted:<budget>.
+    """Next step: sufficient, forced_depth, top_k_unchanged, increase_depth or
+    budget_exhausted:<budget>.
 
     A retrieval cut off by the timeout ends the turn; a forced depth never deepens; otherwise
-    confidence at the threshold is enough, and below it the first budget reached (in the order
-    depth, iterations, chunks, tokens, timeout) stops the loop.
+    confidence at the threshold is enough; below it, a deeper round that did not change the top
+    passages stops the loop (going deeper again would not pay), and else the first budget reached
+    (in the order depth, iterations, chunks, tokens, timeout) does.
     """
     if progress.timed_out:
         return "budget_exhausted:timeout"
@@ -76,6 +82,8 @@ def decide(progress: Progress, budget: Budget) -> str:
         return "forced_depth"
     if progress.confidence >= progress.threshold:
         return "sufficient"
+    if progress.unchanged:
+        return "top_k_unchanged"
     reached = {
         "depth": progress.depth >= budget.max_depth,
         "iterations": progress.iteration >= budget.max_iterations,
@@ -85,6 +93,48 @@ def decide(progress: Progress, budget: Budget) -> str:
     }
     which = next((name for name in BUDGETS if reached[name]), None)
     return f"budget_exhausted:{which}" if which else "increase_depth"
+
+
+def top_k_agreement(before: Sequence[Document], after: Sequence[Document], k: int) -> float:
+    """Share of the passages that led before a deeper round that lead the deeper search too, 0-1.
+
+    Compared over the top min(k, len(before)) of each (the passages recall@k and the first
+    lines of generation's context see); 1.0 means going deeper changed nothing at the top.
+    `after` is the deeper search's own ranking, not the fused pool: fusion by reciprocal rank
+    keeps passages found twice ahead of any found once, so the pool's top never changes.
+    """
+    m = min(k, len(before))
+    if m == 0:
+        return 0.0
+    leading = {doc.content_hash for doc in before[:m]}
+    return len(leading & {doc.content_hash for doc in after[:m]}) / m
+
+
+class SearchClock:
+    """A clock that moves only by the searches it bounds: each costs `seconds_per_search`.
+
+    The harness's clock: the timeout budget then counts deeper searches instead of reading the
+    wall clock, so a run's results are the same on an idle and on a busy machine. A fresh one
+    per turn (the strategy takes a factory), so concurrent questions never share its count.
+    """
+
+    def __init__(self, seconds_per_search: float = 1.0) -> None:
+        if seconds_per_search < 0:
+            raise ValueError("seconds_per_search must not be negative")
+        self.seconds_per_search = seconds_per_search
+        self.time = 0.0
+
+    def now(self) -> float:
+        """Seconds charged so far."""
+        return self.time
+
+    async def bounded(self, awaitable: Awaitable[T], seconds: float) -> T:
+        """Run the search to its end, charge it, and time out when its charge exceeds `seconds`."""
+        result = await awaitable
+        self.time += self.seconds_per_search
+        if self.seconds_per_search > seconds:
+            raise TimeoutError
+        return result
 
 
 def fit_tokens(documents: Sequence[Document], max_tokens: int) -> tuple[list[Document], int]:
@@ -127,11 +177,26 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
         max_chunks: int = 50,
         max_context_tokens: int = 10_000,
         timeout_s: float = 5.0,
-        clock: Clock | None = None,
+        clock: Clock | Callable[[], Clock] | None = None,
+        calibration: Calibration | Mapping[str, object] | None = None,
+        stop_when_unchanged: bool = True,
     ) -> None:
         super().__init__(retriever, steps, k)
-        self.clock: Clock = clock or MonotonicClock()
-        """What the timeout budget reads (tests pass one that moves only when told)."""
+        self._clock = clock
+        """What the timeout budget reads: one clock for every turn (tests pass one that moves
+        only when told), or a factory called once per turn (the harness's SearchClock); None:
+        the wall clock."""
+        self.turn_clock()  # a clock factory with bad settings fails here, not at a question
+        self.calibration = Calibration.from_config(calibration)
+        """Maps the rule's signals to the confidence compared with the thresholds (None: the
+        weighted heuristic as it is). An LLM self-assessment, which has no signals, is used as
+        the model gives it."""
+        if not isinstance(stop_when_unchanged, bool):
+            raise ValueError(
+                f"stop_when_unchanged must be true or false, not {stop_when_unchanged!r}"
+            )
+        self.stop_when_unchanged = stop_when_unchanged
+        """Stop deepening when a deeper round left the top passages unchanged."""
         self.depth_chunks = tuple(int(n) for n in depth_chunks)
         if not 1 <= max_depth <= len(self.depth_chunks):
             raise ValueError(f"max_depth must be 1-{len(self.depth_chunks)} (one per depth_chunks)")
@@ -165,9 +230,19 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
             calls["assess"] = self.budget.max_iterations
         return calls
 
+    def turn_clock(self) -> Clock:
+        """The clock one turn's timeout reads (a new one when the strategy holds a factory)."""
+        clock = self._clock
+        if clock is None:
+            return MonotonicClock()
+        if isinstance(clock, type) or not hasattr(clock, "now"):
+            return clock()
+        return clock  # type: ignore[return-value]
+
     async def execute(self, state: GraphState) -> GraphState:
         """1. Classify. 2. Search at the type's depth. 3. Rate confidence. 4. Deeper or stop."""
-        start = self.clock.now()
+        clock = self.turn_clock()
+        start = clock.now()
         question = state.main_question
         forced = self._check_power(state.power) if state.power is not None else self.power
         classified = await self.steps.classify(question)
@@ -183,9 +258,11 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
         for iteration in range(1, self.budget.max_iterations + 1):
             hop_start = time.perf_counter()
             n = min(self.depth_chunks[depth - 1], self.budget.max_chunks)
-            found = await self._search(question, n, None if iteration == 1 else start)
+            found = await self._search(question, n, clock, None if iteration == 1 else start)
             hop = HopTrace(hop=iteration, queries=[question], depth=depth, query_type=query_type)
             trimmed = False
+            unchanged = False
+            compared = 0
             if found is not None:
                 questions += found
                 refs = pool.add(found[0].context)
@@ -193,9 +270,20 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
                 hop.new_documents = sum(r.new for r in refs)
                 hop.duplicate_documents = sum(not r.new for r in refs)
                 ranked = pool.top(n)
-                context, hop.context_tokens = fit_tokens(ranked, self.budget.max_context_tokens)
+                before, (context, hop.context_tokens) = (
+                    context,
+                    fit_tokens(ranked, self.budget.max_context_tokens),
+                )
                 trimmed = len(context) < len(ranked)
                 confidence = await self._assess(question, context, hop, usage)
+                if iteration > 1:
+                    agreement = top_k_agreement(before, found[0].context, self.k)
+                    hop.confidence_signals = {
+                        **(hop.confidence_signals or {}),
+                        "top_k_agreement": round(agreement, 4),
+                    }
+                    unchanged = self.stop_when_unchanged and agreement >= 1.0
+                    compared = min(self.k, len(before))
             else:
                 hop.context_tokens = count_tokens(format_passages(context))
                 hop.confidence = confidence
@@ -209,9 +297,10 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
                 iteration=iteration,
                 chunks=len(pool),
                 trimmed=trimmed,
-                elapsed_s=self.clock.now() - start,
+                elapsed_s=clock.now() - start,
                 timed_out=found is None,
                 forced=forced is not None,
+                unchanged=unchanged,
             )
             hop.adaptive_decision = decide(progress, self.budget)
             hop.latency_s = elapsed(hop_start)
@@ -219,10 +308,12 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
             if hop.adaptive_decision != "increase_depth":
                 break
             depth += 1
-        self._explain(hops[-1], forced)
+        self._explain(hops[-1], forced, compared)
         return dataclasses.replace(state, questions=questions, context=context, hops=hops)
 
-    async def _search(self, question: str, n: int, since: float | None) -> list[Question] | None:
+    async def _search(
+        self, question: str, n: int, clock: Clock, since: float | None
+    ) -> list[Question] | None:
         """Search n passages; a deeper search (`since` set) is cut off at the timeout (None).
 
         The first search always completes, as every other strategy's does: the timeout bounds
@@ -230,9 +321,9 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
         """
         if since is None:
             return await self.search_many([question], n)
-        remaining = self.budget.timeout_s - (self.clock.now() - since)
+        remaining = self.budget.timeout_s - (clock.now() - since)
         try:
-            return await self.clock.bounded(self.search_many([question], n), remaining)
+            return await clock.bounded(self.search_many([question], n), remaining)
         except TimeoutError:
             return None
 
@@ -240,16 +331,22 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
         self, question: str, context: list[Document], hop: HopTrace, usage: list[CallUsage]
     ) -> float:
         """Rate the context with the `assess` step: the rule's heuristic (no call, its signals in
-        the trace) or the LLM's self-assessment."""
+        the trace), mapped through the calibration when there is one, or the LLM's
+        self-assessment. A calibrated hop keeps the uncalibrated value as signal `heuristic`."""
         assessed = await self.steps.assess(question, context)
         if assessed.usage:
             usage.append(assessed.usage)
-        hop.confidence = round(assessed.value.confidence, 4)
-        hop.confidence_signals = assessed.signals
+        confidence = assessed.value.confidence
+        signals = dict(assessed.signals) if assessed.signals is not None else None
+        if self.calibration is not None and signals is not None:
+            signals["heuristic"] = round(confidence, 4)
+            confidence = self.calibration.probability(signals)
+        hop.confidence = round(confidence, 4)
+        hop.confidence_signals = signals
         hop.missing_info = assessed.value.missing_info
         return hop.confidence
 
-    def _explain(self, last: HopTrace, forced: int | None) -> None:
+    def _explain(self, last: HopTrace, forced: int | None, compared: int = 0) -> None:
         """Warn when retrieval stopped short of the threshold; hint at a higher forced power."""
         assert last.confidence is not None and last.threshold is not None
         if last.confidence >= last.threshold:
@@ -265,6 +362,11 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
         if decision == "budget_exhausted:depth" or (forced and last.depth == self.budget.max_depth):
             last.warning = (
                 f"maximum depth {last.depth} reached and {short}: the answer may be incomplete"
+            )
+        elif decision == "top_k_unchanged":
+            last.warning = (
+                f"searching deeper (depth {last.depth}) did not change the top {compared} passages "
+                f"and {short}: stopped there, the answer may be incomplete"
             )
         elif decision.startswith("budget_exhausted:"):
             budget = decision.split(":", 1)[1]

@@ -131,8 +131,12 @@ def _pooled_run(folder: Path, base_url: str, *overrides: str) -> dict[str, Any]:
         close(pool, graceful=graceful)
         reports.extend(worker.cpu_s for worker in pool.workers)
 
+    kept = traces._shared  # a writer kept from an earlier run: count only this run's CPU
+    writer_before = _process_cpu_s(kept.pid) if kept is not None and kept._alive() else 0.0
+
     def writer_cpu_then_finish(writer: traces.TraceWriter) -> None:
-        writer_cpu.append(_process_cpu_s(writer._process.pid or 0))  # once every row was sent
+        before = writer_before if writer is kept else 0.0
+        writer_cpu.append(_process_cpu_s(writer.pid) - before)  # once every row was sent
         finish(writer)
 
     stub = _stub_pid()

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from caprag.config import PROJECT_ROOT
-from experiments.bench_harness import QUIET_ENV
+from experiments.bench_harness import QUIET_ENV, base_overrides
 from experiments.questions import SETS
 
 QUESTIONS_DIR = PROJECT_ROOT / "datasets" / "questions"
@@ -118,13 +118,8 @@ def run_child(
         "-m",
         "experiments.run",
         *overrides,
-        f"paths.store={folder / 'store'}",
-        f"paths.journals={journals}",
-        f"paths.cache={folder / 'llm-cache.sqlite'}",
-        f"tracking.uri=sqlite:///{folder / 'mlruns.db'}",
+        *base_overrides(folder),
         f"hydra.run.dir={folder / 'hydra'}",
-        "experiment.progress=false",
-        "experiment.resume=never",
     ]
     log_path = folder / "run.log"
     children_before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss

@@ -11,21 +11,75 @@ import argparse
 import json
 import os
 import resource
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
-from experiments.bench_harness import QUIET_ENV, compose_cfg, environment, instant_steps, timed_run
+from caprag.config import PROJECT_ROOT
+from experiments.bench_harness import (
+    QUIET_ENV,
+    base_overrides,
+    compose_cfg,
+    environment,
+    instant_steps,
+    timed_run,
+)
 
 TRACES_TARGET = 1.10
 """A run with traces may take at most this multiple of the same run without them."""
 
 
-def _children_cpu() -> float:
-    """CPU seconds of this process's ended children (the trace writers)."""
+def _writer_cpu() -> float:
+    """CPU seconds of the trace writers so far: the ended ones (children's resource usage) and
+    the process's kept writer (from /proc)."""
+    from experiments import traces
+    from experiments.perf.concurrency import _process_cpu_s
+
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+    kept = traces._shared
+    alive = _process_cpu_s(kept.pid) if kept is not None and kept._alive() else 0.0
+    return usage.ru_utime + usage.ru_stime + alive
+
+
+def _cli_table(cli: dict[bool, list[float]]) -> str:
+    """The Markdown of the whole-process comparison (empty when it was not measured)."""
+    if not cli[True] or not cli[False]:
+        return ""
+    on, off = min(cli[True]), min(cli[False])
+    return (
+        "\n\nOne run per process (`python -m experiments.run` with the same overrides, "
+        "imports, setup and MLflow logging included; the traced one forks its writer at the start "
+        f"of `run()`), alternated {len(cli[True])} times, fastest of each: traces off {off:.2f} s, "
+        f"on {on:.2f} s, ratio {on / off:.3f}×."
+    )
+
+
+def _cli_run_s(folder: Path, *overrides: str) -> float:
+    """Wall seconds of one `python -m experiments.run` (a fresh process: imports, setup, the run,
+    MLflow logging, and with traces the writer's fork) with every file inside `folder`."""
+    command = [
+        sys.executable,
+        "-m",
+        "experiments.run",
+        *base_overrides(folder),
+        f"hydra.run.dir={folder / 'hydra'}",
+        *overrides,
+    ]
+    start = time.perf_counter()
+    done = subprocess.run(
+        command,
+        cwd=PROJECT_ROOT,
+        env={**os.environ, **QUIET_ENV},
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"a benchmark CLI run failed ({done.returncode}): {done.stderr[-2000:]}")
+    return time.perf_counter() - start
 
 
 def _phases(watch: Any, n: int) -> tuple[list[dict[str, Any]], list[str]]:
@@ -95,9 +149,13 @@ def _phases(watch: Any, n: int) -> tuple[list[dict[str, Any]], list[str]]:
     return rows, table
 
 
-def bench_overhead(questions: int = 100, warmup: int = 5, attempts: int = 4) -> dict[str, object]:
+def bench_overhead(
+    questions: int = 100, warmup: int = 5, attempts: int = 4, cli_attempts: int = 2
+) -> dict[str, object]:
     """Harness time per question with an instant LLM by phase; the whole run with traces on and
-    off (alternated `attempts` times, the fastest of each kept) and their ratio."""
+    off (alternated `attempts` times, the fastest of each kept) and their ratio; the same for
+    whole CLI processes (`cli_attempts` times each; 0: not measured), where the first run of a
+    process forks the writer."""
     from experiments import traces
 
     llm = ["llm=offline", f"++llm._target_={instant_steps.__module__}.instant_steps"]
@@ -126,12 +184,18 @@ def bench_overhead(questions: int = 100, warmup: int = 5, attempts: int = 4) -> 
         for _attempt in range(attempts):
             for traced in (False, True):
                 flag = f"tracking.traces={str(traced).lower()}"
-                writer_cpu = _children_cpu()
+                writer_cpu = _writer_cpu()
                 _result, timed, wall_s = timed_run(compose_cfg(folder, *common, per_set, flag))
                 walls[traced].append(wall_s)
                 cpu[traced].append(timed.cpu["run"])
                 if traced:
-                    writer.append(_children_cpu() - writer_cpu)
+                    writer.append(_writer_cpu() - writer_cpu)
+                loads.append(os.getloadavg()[0])
+        cli: dict[bool, list[float]] = {True: [], False: []}
+        for _attempt in range(cli_attempts):
+            for traced in (False, True):
+                flag = f"tracking.traces={str(traced).lower()}"
+                cli[traced].append(_cli_run_s(folder, *common, per_set, flag))
                 loads.append(os.getloadavg()[0])
     n = len(result.rows)
     rows, table = _phases(watch, n)
@@ -161,8 +225,9 @@ def bench_overhead(questions: int = 100, warmup: int = 5, attempts: int = 4) -> 
         f"| {fastest_off:.2f} s | {fastest_on:.2f} s | {ratio:.3f}× "
         f"| ≤ {TRACES_TARGET:.2f}× {verdict} | {min(cpu[False]):.2f} s / {min(cpu[True]):.2f} s "
         f"| {min(writer):.2f} s ({min(writer) / n * 1e3:.1f} ms/question) |\n\n"
-        "The writer is a forked process: its CPU (from the children's resource usage) lands on "
-        "the other core when one is free, and competes with the harness when none is."
+        "The writer is a process forked once per harness process (here by the warm-up run) and "
+        "kept for its later runs; its CPU (from /proc) lands on the other core when one is free, "
+        "and competes with the harness when none is." + _cli_table(cli)
     )
     return {
         "markdown": markdown,
@@ -180,6 +245,8 @@ def bench_overhead(questions: int = 100, warmup: int = 5, attempts: int = 4) -> 
         "harness_cpu_on_s": cpu[True],
         "writer_cpu_s": writer,
         "traces_target": TRACES_TARGET,
+        "cli_traces_on_s": cli[True],
+        "cli_traces_off_s": cli[False],
         "load_average": loads,
         "rows": rows,
     }
@@ -193,8 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--questions", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--attempts", type=int, default=4)
+    parser.add_argument("--cli-attempts", type=int, default=2, help="0: no whole-process runs")
     args = parser.parse_args(argv)
-    result = bench_overhead(args.questions, args.warmup, args.attempts)
+    result = bench_overhead(args.questions, args.warmup, args.attempts, args.cli_attempts)
     print(result["markdown"])
     print(json.dumps(result, indent=1))
     return 0

@@ -13,14 +13,20 @@ from experiments.questions import QUESTIONS_DIR, load_questions
 pytestmark = pytest.mark.slow
 
 
-def strategy(index: PassageIndex) -> AdaptiveDepthStrategy:
+def strategy(index: PassageIndex, stop_when_unchanged: bool = False) -> AdaptiveDepthStrategy:
     # A generous timeout: these tests are about depth, not about a loaded CI machine.
-    return AdaptiveDepthStrategy(index, rule_steps(), timeout_s=60.0)
+    return AdaptiveDepthStrategy(
+        index, rule_steps(), timeout_s=60.0, stop_when_unchanged=stop_when_unchanged
+    )
 
 
 async def test_cross_reference_is_reached_by_going_deeper(corpus_index: PassageIndex) -> None:
     rows = load_questions(QUESTIONS_DIR / "cross_book.jsonl")
     text = next(q.question for q in rows if q.id == "cb-a-001")  # the gift cites Rapid Strike
+    stopped = await strategy(corpus_index, True).execute(GraphState(main_question=text))
+    last = stopped.hops[-1]  # the cited rule ranks 16-30: the top-k stop is what it costs
+    assert (last.depth, last.adaptive_decision) == (2, "top_k_unchanged") and last.warning
+    assert "Rapid Strike (Combat, p. 41)" in (last.missing_info or [])
     state = await strategy(corpus_index).execute(GraphState(main_question=text))
     assert len(state.hops) >= 2
     first = state.hops[0]

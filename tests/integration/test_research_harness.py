@@ -248,3 +248,27 @@ def test_resume_refuses_a_run_of_another_config(tmp_path: Path) -> None:
     out, _ = other.communicate(timeout=600)
     assert other.returncode == 2
     assert "another configuration" in out and journal.stem in out
+
+
+def test_a_run_that_raised_is_resumed_by_the_same_process_while_its_traceback_lives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import experiments.run as run_module
+
+    cfg = make_cfg(tmp_path, "dataset=single_book", "experiment.ragas=false")
+    real = run_module.aggregate
+
+    def fails_once(rows: object) -> object:
+        monkeypatch.setattr(run_module, "aggregate", real)
+        raise RuntimeError("the results could not be aggregated")
+
+    monkeypatch.setattr(run_module, "aggregate", fails_once)
+    with pytest.raises(RuntimeError) as failed:
+        run(cfg)
+    # `failed` keeps the traceback (and with it the journal) alive, as a notebook cell would.
+    assert failed.traceback
+    capsys.readouterr()
+    result = run(cfg)  # experiment.resume=auto: the same run, its answered questions kept
+    out = capsys.readouterr().out
+    assert "resuming run" in out
+    assert result.rows and all(row.status == "ok" for row in result.rows)

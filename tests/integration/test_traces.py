@@ -304,3 +304,45 @@ def test_span_resources_are_detected_once_and_the_same_as_per_span_detection(
     expected = dict(real().attributes)
     assert all(dict(span._span.resource.attributes) == expected for span in spans)
     assert "service.name" in expected
+
+
+def test_a_kept_writer_serves_run_after_run_and_reports_each_run_s_traces(
+    tmp_path: Path,
+) -> None:
+    writer = traces.TraceWriter(keep=True)
+    try:
+        for attempt in range(2):
+            target = make_target(tmp_path / str(attempt))
+            writer.bind(target)
+            rows = [make_row(n, time.time_ns()) for n in range(3 + attempt)]
+            writer.submit(rows)
+            assert writer.close(rows) == len(rows)
+            assert writer._process.is_alive()  # kept for the next run
+            assert {(target.run_id, traces.case_of(r)) for r in rows} <= writer._written
+            assert len(search(target)) == len(rows)
+    finally:
+        writer.stop()
+    assert writer._process.exitcode == 0
+    assert not writer._alive()
+
+
+@pytest.mark.slow
+def test_runs_in_one_process_share_one_writer_and_a_dead_one_is_replaced(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    def traced_run(name: str) -> tuple[int, int]:
+        cfg = make_cfg(tmp_path / name, "dataset=single_book", "experiment.ragas=false")
+        result = run(cfg)
+        mlflow.set_tracking_uri(f"sqlite:///{tmp_path / name / 'mlruns.db'}")
+        found = mlflow.search_traces(run_id=result.run_id, return_type="list")
+        assert result.traces == len(found) == sum(r.status == "ok" for r in result.rows) > 0
+        return traces.shared().pid, len(found)
+
+    first, _ = traced_run("one")
+    second, _ = traced_run("two")
+    assert first == second  # the second run forked no writer
+    os.kill(first, 9)  # a writer that died between runs
+    traces.shared()._process.join(30)
+    third, _ = traced_run("three")
+    assert third != first
+    assert "the trace writer ended with exit code -9" in capfd.readouterr().err

@@ -10,7 +10,7 @@ from caprag.schemas import Document
 from caprag.services import Pipeline
 from caprag.state import GraphState
 from caprag.steps import rule_steps
-from caprag.steps.assess import ConfidenceAssessment, heuristic_confidence
+from caprag.steps.assess import WEIGHTS, ConfidenceAssessment, heuristic_confidence
 from caprag.steps.classify import QueryClass, classify_question
 from caprag.store import PassageIndex
 from caprag.strategies import STRATEGIES, AdaptiveDepthStrategy
@@ -87,7 +87,7 @@ def test_heuristic_confidence_weights_its_four_signals() -> None:
         doc("gifts/eyes", "Night Eyes sees in starlight."),
     ]
     signals = heuristic_confidence(SIMPLE, docs)
-    assert signals.as_dict() == {
+    assert {name: signals.as_dict()[name] for name in WEIGHTS} == {
         "relevance": 1.0,
         "recency": 1.0,
         "diversity": 1.0,
@@ -202,10 +202,25 @@ async def test_cross_reference_makes_it_search_deeper(fixture_index: PassageInde
     assert [h.chunks for h in state.hops] == list(SMALL_LADDER[: len(state.hops)])
 
 
-async def test_impossible_question_stops_at_depth_three_with_a_warning(
+async def test_impossible_question_stops_when_deeper_changes_nothing_with_a_warning(
     fixture_index: PassageIndex,
 ) -> None:
     state = await run(adaptive(fixture_index), IMPOSSIBLE)
+    assert [(h.depth, h.adaptive_decision) for h in state.hops] == [
+        (1, "increase_depth"),
+        (2, "top_k_unchanged"),
+    ]
+    last = state.hops[-1]
+    assert last.confidence_signals is not None
+    assert last.confidence_signals["top_k_agreement"] == 1.0
+    assert last.warning is not None and "did not change the top 5 passages" in last.warning
+    assert state.hops[0].warning is None
+
+
+async def test_impossible_question_stops_at_depth_three_with_a_warning(
+    fixture_index: PassageIndex,
+) -> None:
+    state = await run(adaptive(fixture_index, stop_when_unchanged=False), IMPOSSIBLE)
     assert len(state.hops) == 3
     last = state.hops[-1]
     assert (last.depth, last.adaptive_decision) == (3, "budget_exhausted:depth")
@@ -226,7 +241,7 @@ async def test_impossible_question_stops_at_depth_three_with_a_warning(
 async def test_each_budget_stops_the_loop_with_its_own_reason(
     fixture_index: PassageIndex, options: dict[str, Any], reason: str, hops: int
 ) -> None:
-    state = await run(adaptive(fixture_index, **options), IMPOSSIBLE)
+    state = await run(adaptive(fixture_index, stop_when_unchanged=False, **options), IMPOSSIBLE)
     assert len(state.hops) == hops
     last = state.hops[-1]
     assert last.adaptive_decision == f"budget_exhausted:{reason}"
@@ -318,7 +333,9 @@ def scripted(*confidences: float) -> ScriptedChatModel:
 
 async def test_llm_confidence_drives_the_loop(fixture_index: PassageIndex) -> None:
     chat = scripted(0.3, 0.5, 0.8)
-    strategy = AdaptiveDepthStrategy(fixture_index, scripted_steps(chat), clock=ManualClock())
+    strategy = AdaptiveDepthStrategy(
+        fixture_index, scripted_steps(chat), clock=ManualClock(), stop_when_unchanged=False
+    )
     state = await run(strategy, CROSS_REF)
     assert [(h.depth, h.confidence, h.adaptive_decision) for h in state.hops] == [
         (1, 0.3, "increase_depth"),
@@ -339,7 +356,10 @@ async def test_confidence_outside_zero_to_one_is_recorded_as_a_failed_call(
         by_substring={"judge whether": {"confidence": 1.5, "reasoning": "", "missing_info": []}},
     )
     steps = scripted_steps(chat, parse_attempts=2)
-    state = await run(AdaptiveDepthStrategy(fixture_index, steps, clock=ManualClock()), SIMPLE)
+    strategy = AdaptiveDepthStrategy(
+        fixture_index, steps, clock=ManualClock(), stop_when_unchanged=False
+    )
+    state = await run(strategy, SIMPLE)
     assessed = [u for hop in state.hops for u in hop.usage if u.step == "assess"]
     assert len(assessed) == len(state.hops) == 3  # confidence 0 after each: it deepened
     for usage in assessed:

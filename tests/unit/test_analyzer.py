@@ -36,8 +36,15 @@ def test_references_keep_rule_name_book_and_page() -> None:
     ]
 
 
+PART_MISSING = (
+    "What penalty does Trained by a Veteran give on each swing of the maneuver it improves, "
+    "and which powers does it grant?"
+)
+"""The gift's passage covers penalty and powers, not the swings of the maneuver (3 of 8 terms)."""
+
+
 def test_unresolved_references_become_targeted_queries() -> None:
-    decision = decide("What does Trained by a Veteran do for a fighter?", [STRIKE_GIFT])
+    decision = decide(PART_MISSING, [STRIKE_GIFT])
     assert not decision.sufficient
     assert decision.new_queries[:2] == ["Rapid Strike (Combat, p. 41)", "see Powers, p. 100"]
     assert "unresolved references" in decision.reasoning
@@ -66,11 +73,12 @@ def test_uncovered_question_terms_are_searched() -> None:
 
 def test_queries_already_searched_are_not_repeated() -> None:
     decision = decide(
-        "What does Trained by a Veteran do for a fighter?",
+        PART_MISSING,
         [STRIKE_GIFT],
         searched=["Rapid Strike (Combat, p. 41)", "see Powers, p. 100"],
     )
     assert decision.sufficient
+    assert "nothing left to search" in decision.reasoning
 
 
 def test_entities_find_rule_names() -> None:
@@ -122,8 +130,49 @@ def test_a_corpus_with_citations_is_followed_by_citations_not_by_names() -> None
         22,
         "Iron Grip lets a Bruiser hold a Wyrmling; it works like Grapple (Combat, p. 12).",
     )
-    decision = decide("What does Iron Grip do?", [rule])
+    decision = decide("How is the hold Iron Grip gives resolved, and what breaks it?", [rule])
     assert decision.new_queries == ["Grapple (Combat, p. 12)"]
+
+
+def test_a_passage_that_covers_the_question_answers_it_despite_its_pointers() -> None:
+    decision = decide("What does Trained by a Veteran do for a fighter?", [STRIKE_GIFT])
+    assert decision.sufficient and decision.new_queries == []
+    assert decision.reasoning == "the passage the question is about covers it (all but: fighter)"
+
+
+GIFT_WITH_ASIDE = doc(
+    "talents/trained-by-a-veteran",
+    "Talents",
+    "Trained by a Veteran",
+    20,
+    "The penalty of each swing is modified by Rapid Strike (Combat, p. 41). Pupils often travel "
+    "with caravans (Core, p. 12).",
+)
+
+
+def test_a_pointer_cited_about_something_else_is_not_followed_when_only_part_is_missing() -> None:
+    question = (
+        "What penalty does Trained by a Veteran give on each swing of the maneuver it improves?"
+    )
+    decision = decide(question, [GIFT_WITH_ASIDE])
+    assert decision.new_queries == ["Rapid Strike (Combat, p. 41)"]
+
+
+def test_every_pointer_is_followed_when_most_of_the_question_is_missing() -> None:
+    question = "Where do caravans camp, how many guards watch them, and what do they pay?"
+    covered = decide("What penalty does Trained by a Veteran give?", [GIFT_WITH_ASIDE])
+    assert covered.new_queries == ["Rapid Strike (Combat, p. 41)"], (
+        "covered, but the answering sentence defers to Rapid Strike; the aside is not followed"
+    )
+    assert covered.reasoning.startswith("the answering sentence defers to")
+    decision = decide(question + " Trained by a Veteran", [GIFT_WITH_ASIDE])
+    assert set(decision.new_queries) == {"Rapid Strike (Combat, p. 41)", "see Core, p. 12"}
+
+
+def test_a_citing_corpus_does_not_search_loose_question_terms() -> None:
+    question = "How is the hold of Trained by a Veteran resolved, and what breaks it?"
+    decision = decide(question, [RAPID_STRIKE, STRIKE_GIFT], searched=[question])
+    assert all("break" not in q for q in decision.new_queries)
 
 
 def test_a_passage_that_covers_the_question_is_not_bridged_from() -> None:

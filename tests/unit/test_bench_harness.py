@@ -35,7 +35,7 @@ async def test_instant_llm_gives_valid_replies_and_no_usage() -> None:
 
 @pytest.mark.slow
 def test_overhead_section_measures_every_phase() -> None:
-    result = bench_overhead(questions=6, warmup=1, attempts=1)
+    result = bench_overhead(questions=6, warmup=1, attempts=1, cli_attempts=1)
     assert result["questions"] == 6
     rows = {row["phase"]: row for row in result["rows"]}  # type: ignore[attr-defined]
     assert set(rows) == set(PHASES)
@@ -51,3 +51,8 @@ def test_overhead_section_measures_every_phase() -> None:
     assert len(on) == len(off) == 1  # type: ignore[arg-type]
     assert result["traces_ratio"] == min(on) / min(off)  # type: ignore[type-var, operator]
     assert "| traces off | traces on | ratio | target |" in markdown
+    (writer_cpu,) = result["writer_cpu_s"]  # type: ignore[misc]
+    assert writer_cpu > 0  # the kept writer's CPU, read while it lives
+    cli_on, cli_off = result["cli_traces_on_s"], result["cli_traces_off_s"]
+    assert len(cli_on) == len(cli_off) == 1  # type: ignore[arg-type]
+    assert "One run per process (`python -m experiments.run`" in markdown

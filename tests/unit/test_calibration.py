@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import json
+
+import pandas as pd
 import pytest
 
-from experiments.calibration import expected_calibration_error, reliability
+from experiments.calibration import (
+    adaptive_summary,
+    expected_calibration_error,
+    reliability,
+    verdict_line,
+)
 
 
 def test_buckets_compare_confidence_with_observed_success() -> None:
@@ -21,3 +29,48 @@ def test_perfectly_calibrated_has_zero_error() -> None:
 
 def test_empty_input() -> None:
     assert reliability([], []).empty
+
+
+def rows(
+    tokens: list[float], recall: list[float], context: list[float], **extra: object
+) -> pd.DataFrame:
+    n = len(tokens)
+    trace = [json.dumps([{"adaptive_decision": d}]) for d in extra.pop("decisions", ["—"] * n)]
+    return pd.DataFrame(
+        {
+            "question_id": [f"q{i}" for i in range(n)],
+            "status": ["ok"] * n,
+            "prompt_tokens": tokens,
+            "recall_at_k": recall,
+            "context_recall": context,
+            "trace": trace,
+            **extra,
+        }
+    )
+
+
+def test_adaptive_summary_judges_the_targets_question_by_question() -> None:
+    deep = rows([1000.0] * 4, [1.0, 1.0, 0.5, 0.5], [1.0, 1.0, 1.0, 1.0])
+    auto = rows(
+        [500.0, 500.0, 700.0, 700.0],
+        [1.0, 1.0, 0.5, 0.5],
+        [1.0, 1.0, 0.5, 1.0],
+        confidence=[0.9, 0.9, 0.3, 0.7],
+        depth=[1, 1, 2, 2],
+        needed_2plus_rounds=[0.0, 0.0, 1.0, 1.0],
+        reached_threshold=[1.0, 1.0, 0.0, 0.0],
+        decisions=["sufficient", "sufficient", "top_k_unchanged", "top_k_unchanged"],
+    )
+    summary = adaptive_summary(auto, deep)
+    assert summary["savings"] == pytest.approx(0.4)
+    assert summary["recall_at_k_auto"] == summary["recall_at_k_deep"] == 0.75
+    assert summary["context_recall_auto"] == pytest.approx(0.875)
+    assert summary["stop:sufficient"] == summary["stop:top_k_unchanged"] == 0.5
+    assert summary["depth_1"] == 0.5 and summary["depth_3"] == 0.0
+    assert summary["success_rate"] == 0.75 and summary["mean_confidence"] == pytest.approx(0.7)
+    line = verdict_line(summary)
+    assert "40.0% fewer prompt tokens" in line and "(met: target >= 40%" in line
+    assert "+0.0 points; met" in line and "0.875 vs 1.000 (-12.5 points)" in line
+    cheaper_but_worse = verdict_line({**summary, "recall_at_k_auto": 0.7, "savings": 0.3})
+    assert "missed: target >= 40%, -10.0 points" in cheaper_but_worse
+    assert "-5.0 points; missed" in cheaper_but_worse
