@@ -490,14 +490,14 @@ def decision_log(hops: Sequence[dict[str, Any]]) -> pd.DataFrame:
 
 
 def decision_table(log: pd.DataFrame) -> pd.DataFrame:
-    """A decision log as shown: one row per round, confidence and threshold in percent."""
+    """A decision log as shown: confidence and threshold in percent."""
     return log.assign(
         confidence=log["confidence"].map(percent), threshold=log["threshold"].map(percent)
-    ).set_index("round")
+    )
 
 
-DEEPER = ["question_id", "set", "question", "rounds", "depths", "confidences", "threshold"]
-DEEPER += ["decisions", "recall_at_k"]
+DEEPER = ["question_id", "rounds", "depths", "confidences", "threshold", "decisions"]
+DEEPER += ["recall_at_k", "set", "question"]
 
 
 def deeper_questions(table: pd.DataFrame) -> pd.DataFrame:
