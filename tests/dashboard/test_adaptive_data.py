@@ -131,7 +131,7 @@ def test_decision_log_lists_each_adaptive_round() -> None:
          "decision": "sufficient"},
     ]  # fmt: skip
     shown = data.decision_table(log)
-    assert list(shown.index) == [1, 2] and list(shown["confidence"]) == ["70%", "92%"]
+    assert list(shown["round"]) == [1, 2] and list(shown["confidence"]) == ["70%", "92%"]
     assert data.decision_log([{"hop": 1, "queries": ["a multi-hop hop"]}]).empty
 
 

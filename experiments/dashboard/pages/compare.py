@@ -278,13 +278,16 @@ if calibrated:
         frames.append(table.assign(label=labels[rid]))
     st.plotly_chart(charts.calibration(pd.concat(frames)), key="calibration")
 
-st.header("Adaptive depth: savings vs always deep")
 auto = adaptive_runs(picked)
+if (picked["strategy"] == "adaptive").any():
+    st.header("Adaptive depth: savings vs always deep")
 if auto.empty:
-    st.info(
-        "None of the selected runs is an adaptive run in auto mode (`strategy=adaptive "
-        "strategy.power=auto`): select one to see what it saves against always searching deep."
-    )
+    if (picked["strategy"] == "adaptive").any():
+        st.info(
+            "None of the selected adaptive runs is in auto mode (`strategy=adaptive "
+            "strategy.power=auto`): select one to see what it saves against always searching "
+            "deep."
+        )
 else:
     auto_ids = list(auto["run_id"])
     adaptive_id = (
