@@ -474,7 +474,12 @@ def _mean_or_none(values: pd.Series) -> float | None:
 def decision_log(hops: Sequence[dict[str, Any]]) -> pd.DataFrame:
     """The adaptive decision of each round: depth, chunks, confidence, threshold, decision
     (empty when the trace has no adaptive round: another strategy, or an older run)."""
-    rows = [
+    return pd.DataFrame(_rounds(hops), columns=DECISION_LOG)
+
+
+def _rounds(hops: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The adaptive rounds of a trace as plain records (hops without a depth left out)."""
+    return [
         {
             "round": int(hop.get("hop") or position),
             "depth": int(hop["depth"]),
@@ -486,7 +491,6 @@ def decision_log(hops: Sequence[dict[str, Any]]) -> pd.DataFrame:
         for position, hop in enumerate(hops, start=1)
         if hop.get("depth") is not None
     ]
-    return pd.DataFrame(rows, columns=DECISION_LOG)
 
 
 def decision_table(log: pd.DataFrame) -> pd.DataFrame:
@@ -505,19 +509,21 @@ def deeper_questions(table: pd.DataFrame) -> pd.DataFrame:
     `table`, to open its trace): rounds, the depth, confidence and decision of each round, the
     threshold, and the recall@k reached."""
     rows = {}
-    for index, row in table.iterrows():
-        log = decision_log(_json(row.get("trace"), []))
-        if log.empty or log["depth"].iloc[-1] <= log["depth"].iloc[0]:
+    traces = table["trace"] if "trace" in table.columns else pd.Series("", index=table.index)
+    for position, trace in enumerate(traces):
+        log = _rounds(_json(trace, []))
+        if not log or log[-1]["depth"] <= log[0]["depth"]:
             continue
+        row, index = table.iloc[position], table.index[position]
         rows[index] = {
             "question_id": str(row.get("question_id", index)),
             "set": str(row.get("set", "") or ""),
             "question": str(row.get("question", "") or ""),
             "rounds": len(log),
-            "depths": " → ".join(str(d) for d in log["depth"]),
-            "confidences": " → ".join(percent(c) for c in log["confidence"]),
-            "threshold": percent(log["threshold"].iloc[-1]),
-            "decisions": " → ".join(log["decision"]),
+            "depths": " → ".join(str(r["depth"]) for r in log),
+            "confidences": " → ".join(percent(r["confidence"]) for r in log),
+            "threshold": percent(log[-1]["threshold"]),
+            "decisions": " → ".join(r["decision"] for r in log),
             "recall_at_k": row.get("recall_at_k", float("nan")),
         }
     frame = pd.DataFrame.from_dict(rows, orient="index", columns=DEEPER)
