@@ -166,7 +166,12 @@ def test_savings_and_deeper_questions_open_their_trace(
     page.get_by_text("Rounds of t-ua-1").wait_for(timeout=TEXT_TIMEOUT_MS)
     rounds = rows(page.locator("[data-testid='stTable']").filter(has_text="increase_depth").first)
     assert len(rounds) >= 2 and rounds[-1][1] == "3", rounds
-    section(page, "Adaptive depth: savings vs always deep", "Oracle routing ceiling", "savings")
+    section(
+        page,
+        "Adaptive depth: savings vs always deep",
+        "Oracle routing ceiling",
+        "adaptive-savings-deeper-search",
+    )
     page.get_by_role("button", name="Open in the Trace viewer").click()
     page.get_by_role("heading", name="Trace viewer").wait_for(timeout=TEXT_TIMEOUT_MS)
     settle(page)
@@ -199,4 +204,4 @@ def test_oracle_router_beside_each_strategy(
         "tokens"
     ).click()
     settle(page)
-    section(page, "Oracle routing ceiling", "Per-question diff", "oracle")
+    section(page, "Oracle routing ceiling", "Per-question diff", "oracle-routing")
