@@ -141,7 +141,7 @@ def test_ask_page_runs_adaptive_at_each_power(app: str, browser: Browser) -> Non
     assert int(logs["1"][0][2]) < int(logs["3"][0][2])  # the power reached the pipeline
     auto = rows(ask(page, "auto"))
     depths = [int(r[1]) for r in auto]  # round, depth, chunks, confidence, threshold, decision
-    assert len(auto) >= 2 and depths == sorted(depths) and depths[-1] == 3, auto
+    assert len(auto) >= 2 and depths == sorted(depths) and depths[-1] > depths[0], auto
     assert [r[0] for r in auto] == [str(n) for n in range(1, len(auto) + 1)]  # the rounds
     assert all(r[-1] != "forced_depth" for r in auto) and re.fullmatch(r"\d+%", auto[0][3])
     assert page.get_by_text("below the").first.is_visible()
@@ -165,7 +165,7 @@ def test_savings_and_deeper_questions_open_their_trace(
     select(page, "Trace of", "t-ua-1")
     page.get_by_text("Rounds of t-ua-1").wait_for(timeout=TEXT_TIMEOUT_MS)
     rounds = rows(page.locator("[data-testid='stTable']").filter(has_text="increase_depth").first)
-    assert len(rounds) >= 2 and rounds[-1][1] == "3", rounds
+    assert len(rounds) >= 2 and int(rounds[-1][1]) > int(rounds[0][1]), rounds
     section(
         page,
         "Adaptive depth: savings vs always deep",
