@@ -7,6 +7,7 @@ import plotly.express as px
 import plotly.graph_objects as go
 
 from experiments.dashboard.data import COST, QUALITY, pareto_front
+from experiments.oracle import ORACLE
 
 
 def cost_quality(runs: pd.DataFrame, cost: str, quality: str, selected: list[str]) -> go.Figure:
@@ -81,4 +82,31 @@ def calibration(table: pd.DataFrame) -> go.Figure:
     fig.add_shape(type="line", x0=0, y0=0, x1=1, y1=1, line={"dash": "dash", "color": "grey"})
     fig.update_xaxes(range=[0, 1])
     fig.update_yaxes(range=[0, 1.05])
+    return fig
+
+
+def oracle(summary: pd.DataFrame, cost: str) -> go.Figure:
+    """Total cost vs mean recall@k of each run, and of the perfect router as a star."""
+    runs = summary[summary["run"] != ORACLE]
+    router = summary[summary["run"] == ORACLE]
+    fig = px.scatter(
+        runs,
+        x="total",
+        y="recall",
+        color="run",
+        hover_data={"routed": True, "saves": ":.1%"},
+        labels={"total": f"total {cost}", "recall": "mean gold-passage recall@k"},
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=router["total"],
+            y=router["recall"],
+            mode="markers",
+            name="oracle (perfect router)",
+            marker={"symbol": "star", "size": 18, "color": "black"},
+        )
+    )
+    fig.update_traces(selector={"mode": "markers"}, marker_size=14)
+    fig.update_yaxes(range=[0, 1.05])
+    fig.update_layout(height=400, legend_title_text="", legend={"orientation": "h", "y": -0.25})
     return fig

@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 import pandas as pd
 
+from experiments.oracle import ORACLE, OracleResult
+from experiments.significance import question_means
 from experiments.tables import SHOWN, fmt
 
 IDENTITY = {
@@ -31,7 +33,14 @@ QUALITY = {
     "all_gold_at_k": "all gold in k",
 }
 COST = {"tokens": "tokens / question", "cost_usd": "USD / question"}
+COST_TOTAL = {"tokens": "tokens", "cost_usd": "USD"}
 Criterion = Literal["all_gold", "f1"]
+POWER_PARAM = "params.strategy.power"
+"""The adaptive strategy's power (auto, 1, 2, 3) as the harness logs it."""
+AUTO = "auto"
+ALWAYS_DEEP = "3"
+"""The power of the 'always deep' run adaptive (auto) is set against: a forced depth 3."""
+DECISION_LOG = ["round", "depth", "chunks", "confidence", "threshold", "decision"]
 
 
 def runs_frame(raw: pd.DataFrame) -> pd.DataFrame:
@@ -41,7 +50,7 @@ def runs_frame(raw: pd.DataFrame) -> pd.DataFrame:
     older schema still list.
     """
     if raw.empty:
-        return pd.DataFrame(columns=[*RUN_COLUMNS, "label", "sweep"])
+        return pd.DataFrame(columns=[*RUN_COLUMNS, "label", "sweep", "power"])
     out = pd.DataFrame(index=raw.index)
     out["run_id"] = raw["run_id"].astype(str)
     out["experiment_id"] = raw["experiment_id"].astype(str)
@@ -53,6 +62,7 @@ def runs_frame(raw: pd.DataFrame) -> pd.DataFrame:
     for column in ("strategy", "dataset", "llm", "model"):
         out[column] = out[column].fillna(UNKNOWN)
     out["name"] = out["name"].fillna(out["run_id"])
+    out["power"] = _power(raw, out)
     names = dict(zip(out["run_id"], out["name"], strict=True))
     out["sweep"] = out["parent_id"].map(lambda p: names.get(p, p) if isinstance(p, str) else "")
     metrics = raw[[c for c in raw.columns if c.startswith("metrics.")]]
@@ -62,6 +72,15 @@ def runs_frame(raw: pd.DataFrame) -> pd.DataFrame:
     out = out[out["role"] != "sweep"].sort_values("start_time", ascending=False)
     out["label"] = out["name"] + " [" + out["run_id"].str[:8] + "]"
     return out.reset_index(drop=True)
+
+
+def _power(raw: pd.DataFrame, out: pd.DataFrame) -> pd.Series:
+    """Each adaptive run's power: the logged `strategy.power` param, else the run name's
+    'power=X' (the harness names runs so); None for other strategies."""
+    logged = raw[POWER_PARAM] if POWER_PARAM in raw.columns else pd.Series(None, index=raw.index)
+    named = out["name"].astype(str).str.extract(r"power=(\w+)", expand=False)
+    power = logged.where(logged.notna(), named).astype(object)
+    return power.where((out["strategy"] == "adaptive") & power.notna(), None)
 
 
 def filter_runs(
@@ -358,3 +377,190 @@ def default_comparison(runs: pd.DataFrame) -> list[str]:
         parent = swept.iloc[0]["parent_id"]
         return list(swept[swept["parent_id"] == parent]["run_id"])
     return list(runs["run_id"].head(2))
+
+
+def adaptive_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs of the adaptive strategy in auto mode (depth chosen per question)."""
+    if "power" not in runs.columns:
+        return runs.iloc[0:0]
+    return runs[(runs["strategy"] == "adaptive") & (runs["power"] == AUTO)]
+
+
+SAME_SETUP = ("dataset", "llm", "model", "tags.caprag.retriever")
+"""What an always-deep run must share with an adaptive run to be its baseline."""
+
+
+def always_deep_run(
+    runs: pd.DataFrame, run: pd.Series, prefer: Sequence[str] = ()
+) -> pd.Series | None:
+    """The fixed depth-3 adaptive run of the same dataset, LLM backend, model and retriever as
+    `run` (the latest; one of the run ids in `prefer` first), or None when the store has none."""
+    if "power" not in runs.columns:
+        return None
+    same = runs[(runs["strategy"] == "adaptive") & (runs["power"] == ALWAYS_DEEP)]
+    for column in SAME_SETUP:
+        if column in runs.columns and pd.notna(run.get(column)):
+            same = same[same[column] == run[column]]
+    if same.empty:
+        return None
+    preferred = same[same["run_id"].isin(list(prefer))]
+    pool = preferred if not preferred.empty else same
+    return pool.sort_values("start_time", ascending=False).iloc[0]
+
+
+@dataclass(frozen=True)
+class Savings:
+    """Adaptive (auto) against always deep over the questions both answered: totals and shares."""
+
+    questions: int
+    """Questions both runs answered (status ok), repeats averaged per question."""
+    left_out: int
+    """Questions only one of the runs answered."""
+    prompt_tokens: tuple[float, float]
+    """Total prompt tokens: adaptive, always deep."""
+    cost_usd: tuple[float, float]
+    """Total USD: adaptive, always deep."""
+    recall_at_k: tuple[float | None, float | None]
+    """Mean gold-passage recall@k (None where no question had gold passages)."""
+
+    @property
+    def token_saving(self) -> float | None:
+        """Share of the always-deep prompt tokens adaptive saved (negative: it spent more)."""
+        return _share_saved(*self.prompt_tokens)
+
+    @property
+    def cost_saving(self) -> float | None:
+        """Share of the always-deep cost adaptive did not spend (negative: it spent more)."""
+        return _share_saved(*self.cost_usd)
+
+
+def savings_vs_deep(adaptive: pd.DataFrame, deep: pd.DataFrame) -> Savings:
+    """Prompt tokens, cost and recall of adaptive vs always deep, paired question by question.
+
+    Raises `PairingError` when a table has no `question_id` column (an older schema).
+    """
+    metrics = ["prompt_tokens", "cost_usd", "recall_at_k"]
+    a, d = question_means(adaptive, metrics), question_means(deep, metrics)
+    a, d = a.reindex(columns=metrics), d.reindex(columns=metrics)
+    asked = a.index.union(d.index)
+    common = a.index[a["prompt_tokens"].notna()].intersection(d.index[d["prompt_tokens"].notna()])
+    a, d = a.loc[common], d.loc[common]
+    return Savings(
+        questions=len(common),
+        left_out=len(asked) - len(common),
+        prompt_tokens=(float(a["prompt_tokens"].sum()), float(d["prompt_tokens"].sum())),
+        cost_usd=(float(a["cost_usd"].sum()), float(d["cost_usd"].sum())),
+        recall_at_k=(_mean_or_none(a["recall_at_k"]), _mean_or_none(d["recall_at_k"])),
+    )
+
+
+def saving_text(saving: float | None, what: str) -> str:
+    """'20.3% fewer prompt tokens', '4.1% more cost', or why there is no share."""
+    if saving is None:
+        return f"— (nothing spent on {what} to save)"
+    less = "fewer" if "token" in what else "less"
+    return f"{abs(saving):.1%} {less if saving >= 0 else 'more'} {what}"
+
+
+def _share_saved(spent: float, baseline: float) -> float | None:
+    return None if baseline == 0 else 1.0 - spent / baseline
+
+
+def _mean_or_none(values: pd.Series) -> float | None:
+    clean = values.dropna()
+    return float(clean.mean()) if len(clean) else None
+
+
+def decision_log(hops: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """The adaptive decision of each round: depth, chunks, confidence, threshold, decision
+    (empty when the trace has no adaptive round: another strategy, or an older run)."""
+    return pd.DataFrame(_rounds(hops), columns=DECISION_LOG)
+
+
+def _rounds(hops: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The adaptive rounds of a trace as plain records (hops without a depth left out)."""
+    return [
+        {
+            "round": int(hop.get("hop") or position),
+            "depth": int(hop["depth"]),
+            "chunks": hop.get("chunks"),
+            "confidence": hop.get("confidence"),
+            "threshold": hop.get("threshold"),
+            "decision": str(hop.get("adaptive_decision") or ""),
+        }
+        for position, hop in enumerate(hops, start=1)
+        if hop.get("depth") is not None
+    ]
+
+
+def decision_table(log: pd.DataFrame) -> pd.DataFrame:
+    """A decision log as shown: confidence and threshold in percent."""
+    return log.assign(
+        confidence=log["confidence"].map(percent), threshold=log["threshold"].map(percent)
+    )
+
+
+DEEPER = ["question_id", "rounds", "depths", "confidences", "threshold", "decisions"]
+DEEPER += ["recall_at_k", "set", "question"]
+
+
+def deeper_questions(table: pd.DataFrame) -> pd.DataFrame:
+    """The questions where adaptive went past its first depth, one row each (index: the row of
+    `table`, to open its trace): rounds, the depth, confidence and decision of each round, the
+    threshold, and the recall@k reached."""
+    rows = {}
+    traces = table["trace"] if "trace" in table.columns else pd.Series("", index=table.index)
+    for position, trace in enumerate(traces):
+        log = _rounds(_json(trace, []))
+        if not log or log[-1]["depth"] <= log[0]["depth"]:
+            continue
+        row, index = table.iloc[position], table.index[position]
+        rows[index] = {
+            "question_id": str(row.get("question_id", index)),
+            "set": str(row.get("set", "") or ""),
+            "question": str(row.get("question", "") or ""),
+            "rounds": len(log),
+            "depths": " → ".join(str(r["depth"]) for r in log),
+            "confidences": " → ".join(percent(r["confidence"]) for r in log),
+            "threshold": percent(log[-1]["threshold"]),
+            "decisions": " → ".join(r["decision"] for r in log),
+            "recall_at_k": row.get("recall_at_k", float("nan")),
+        }
+    frame = pd.DataFrame.from_dict(rows, orient="index", columns=DEEPER)
+    return frame.astype({"rounds": "int64"}) if not frame.empty else frame
+
+
+def percent(value: Any) -> str:
+    """A share as a whole percentage ('—' when missing)."""
+    return "—" if value is None or pd.isna(value) else f"{float(value):.0%}"
+
+
+ORACLE_COLUMNS = ["run", "total", "per_question", "recall", "routed", "saves"]
+
+
+def oracle_summary(result: OracleResult) -> pd.DataFrame:
+    """Each run and the perfect router (last row, run 'oracle'): total and per-question cost,
+    mean recall, questions routed to it, and what the router saves against it."""
+    rows = [
+        {
+            "run": totals.name,
+            "total": totals.total_cost,
+            "per_question": totals.mean_cost,
+            "recall": totals.mean_quality,
+            "routed": totals.chosen,
+            "saves": None if totals.name == ORACLE else result.saving(totals.name),
+        }
+        for totals in result.totals()
+    ]
+    return pd.DataFrame(rows, columns=ORACLE_COLUMNS)
+
+
+def oracle_cell(value: Any, kind: str) -> str:
+    """A total as the page writes it: tokens whole, USD to 6 places, recall to 3."""
+    if value is None or pd.isna(value):
+        return "—"
+    if kind == "tokens":
+        return f"{float(value):,.0f} tokens"
+    if kind == "cost_usd":
+        return f"{float(value):.6f} USD"
+    return f"{float(value):.3f}"

@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from experiments import tracking
-from experiments.dashboard.data import runs_frame
+from experiments.dashboard.data import POWER_PARAM, runs_frame
 from experiments.tracking import mlflow
 
 TTL_S = 60
@@ -50,7 +50,8 @@ def runs(store_uri: str) -> pd.DataFrame:
         return runs_frame(pd.DataFrame())
     raw = mlflow.search_runs(experiment_ids=experiments, output_format="pandas")
     assert isinstance(raw, pd.DataFrame)
-    raw = raw.drop(columns=[c for c in raw.columns if c.startswith("params.")])
+    kept = {POWER_PARAM}  # the one param the pages read: which adaptive runs searched always deep
+    raw = raw.drop(columns=[c for c in raw.columns if c.startswith("params.") and c not in kept])
     return runs_frame(raw)
 
 

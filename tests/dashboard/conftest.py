@@ -157,3 +157,69 @@ def empty_store(tmp_path: Path) -> str:
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
     use_experiment(uri, "caprag")
     return uri
+
+
+@pytest.fixture(scope="session")
+def routing_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    """One sweep of four real harness runs on the fixture corpus: adaptive in auto mode, adaptive
+    always at depth 3 (power 3), multi-hop and single, so the Compare page shows the savings of
+    adaptive against always deep and the oracle router over four strategies."""
+    tmp = tmp_path_factory.mktemp("routing")
+    uri = f"sqlite:///{tmp / 'mlruns.db'}"
+    runs = {
+        "auto": ("strategy=adaptive", "strategy.power=auto"),
+        "deep": ("strategy=adaptive", "strategy.power=3"),
+        "multi-hop": ("strategy=multi-hop",),
+        "single": ("strategy=single",),
+    }
+    ids = {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLFLOW_TRACKING_URI", uri)
+        for name, overrides in runs.items():
+            cfg = make_cfg(tmp, "dataset=all", *overrides, "retriever.k=2", "tracking.traces=false")
+            result = run(cfg, sweep_id="routing-test")
+            assert result.run_id is not None
+            ids[name] = result.run_id
+    return Store(uri, ids)
+
+
+def adaptive_hop(number: int, depth: int, confidence: float, decision: str) -> dict[str, object]:
+    """One round of an adaptive trace as the harness logs it."""
+    return {
+        "hop": number, "queries": ["How long does a torch burn?"], "documents": [],
+        "new_documents": 0, "duplicate_documents": 0, "usage": [], "depth": depth,
+        "chunks": 5 * depth, "confidence": confidence, "threshold": 0.9,
+        "query_type": "factual", "adaptive_decision": decision,
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def lone_adaptive_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    """An adaptive (auto) run known only by its name, with no always-deep run beside it, and a
+    multi-hop run: one question went deeper, one stopped at its first depth."""
+    tmp = tmp_path_factory.mktemp("lone")
+    uri = f"sqlite:///{tmp / 'mlruns.db'}"
+    experiment = use_experiment(uri, "caprag")
+    ids = {}
+    base = {"caprag.dataset": "cross_book", "caprag.llm": "offline", "caprag.schema": "1"}
+    rounds = {
+        "t-1": [adaptive_hop(1, 1, 0.95, "sufficient")],
+        "t-2": [adaptive_hop(1, 1, 0.6, "increase_depth"), adaptive_hop(2, 2, 0.93, "sufficient")],
+    }
+    for strategy, name in (("adaptive", "x:adaptive power=auto:cross_book:offline"),
+                           ("multi-hop", "x:multi-hop:cross_book:offline")):  # fmt: skip
+        tags = {**base, "caprag.strategy": strategy}
+        rows = [
+            QuestionRow(
+                case_id=qid, question_id=qid, set="cross_book", query_type="factual", turn=1,
+                question=f"Question {qid}?", gold_answer="", trace=rounds[qid],
+                values={"prompt_tokens": 100.0, "tokens": 120.0, "cost_usd": 1e-4,
+                        "recall_at_k": 1.0},
+            ).record()
+            for qid in rounds
+        ]  # fmt: skip
+        with mlflow.start_run(experiment_id=experiment, run_name=name, tags=tags) as logged:
+            mlflow.log_metrics({"questions": 2.0})
+            mlflow.log_table(pd.DataFrame(rows), artifact_file=TABLE)
+        ids[strategy] = logged.info.run_id
+    return Store(uri, ids)

@@ -100,8 +100,8 @@ def test_runs_page(server: str, browser: Browser, harness_store: Store) -> None:
 
 def test_compare_page(server: str, browser: Browser, harness_store: Store) -> None:
     page = visit(browser, f"{server}/compare", "Per-question diff", height=3600)
-    page.locator(".js-plotly-plot").nth(2).wait_for(timeout=TEXT_TIMEOUT_MS)
-    assert page.locator(".js-plotly-plot").count() == 3
+    page.locator(".js-plotly-plot").nth(3).wait_for(timeout=TEXT_TIMEOUT_MS)
+    assert page.locator(".js-plotly-plot").count() == 4  # with the oracle router's
     table = page.locator("[data-testid='stTable']").first
     assert table.get_by_text("gold-passage recall@k").is_visible()
     assert table.get_by_text(harness_store.runs["multi-hop"][:8], exact=False).is_visible()

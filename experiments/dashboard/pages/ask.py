@@ -7,6 +7,7 @@ import asyncio
 import os
 import threading
 import uuid
+from typing import Any
 
 import streamlit as st
 
@@ -16,9 +17,12 @@ from caprag.schemas import Document
 from caprag.services import AskResult, Pipeline, build_pipeline
 from caprag.steps import CHOICES, ROLES
 from caprag.strategies import STRATEGIES
+from experiments.dashboard.data import decision_log, decision_table
 from experiments.dashboard.trace_view import render_trace, trace_from_result
 
 DEFAULT_STRATEGY = "multi-hop"
+ADAPTIVE = "adaptive"
+POWERS = ["auto", "1", "2", "3"]
 STRATEGY_NAMES = [DEFAULT_STRATEGY, *sorted(set(STRATEGIES) - {DEFAULT_STRATEGY})]
 RETRIEVERS = {"dense": "dense (embeddings)", "bm25": "bm25 (lexical)", "hybrid": "hybrid (RRF)"}
 TIMEOUT_S = 300
@@ -44,6 +48,36 @@ def ask(built: Pipeline, question: str, thread: str, power: int | None = None) -
     """Run the async pipeline on the shared loop and wait for the answer."""
     future = asyncio.run_coroutine_threadsafe(built.ask(question, thread, power), event_loop())
     return future.result(timeout=TIMEOUT_S)
+
+
+def forced_power(strategy: str, choice: str) -> int | None:
+    """The depth to force for this question: None in auto mode and for other strategies."""
+    return int(choice) if strategy == ADAPTIVE and choice != "auto" else None
+
+
+def power_label(strategy: str, forced: int | None) -> str:
+    """How the caption names the power an answer was asked with (nothing for other strategies)."""
+    if strategy != ADAPTIVE:
+        return ""
+    return f" (power {forced}: forced depth)" if forced else " (power auto)"
+
+
+def render_decision_log(hops: list[dict[str, Any]], max_depth: int | None) -> None:
+    """Adaptive answers: each round's depth, chunks, confidence, threshold and decision."""
+    log = decision_log(hops)
+    if log.empty:
+        return
+    st.subheader("Decision log")
+    last = log.iloc[-1]
+    reached = float(last["confidence"] or 0.0) >= float(last["threshold"] or 0.0)
+    st.caption(
+        f"{len(log)} round(s) · ended at depth {last['depth']}"
+        f"{f' of {max_depth}' if max_depth else ''} with confidence "
+        f"{float(last['confidence'] or 0.0):.0%} "
+        f"({'at or above' if reached else 'below'} the {float(last['threshold'] or 0.0):.0%} "
+        f"threshold) · decision `{last['decision']}`"
+    )
+    st.table(decision_table(log), hide_index=True)
 
 
 def step_choices(llm: str) -> dict[str, str]:
@@ -93,14 +127,18 @@ except CapragError as exc:
         )
 power_choice = st.radio(
     "Power (adaptive strategy only)",
-    ["auto", "1", "2", "3"],
+    POWERS,
     horizontal=True,
     key="ask_power",
-    help="auto: the strategy picks the depth; 1-3 force it for this question",
+    disabled=strategy != ADAPTIVE,
+    help="auto: the strategy picks the depth per question and goes deeper while its confidence "
+    "is below the question type's threshold; 1-3 force that depth for this question",
 )
 question = st.text_area("Question", key="ask_question", placeholder="What does … cost at level 3?")
 go, fresh = st.columns([1, 5])
-if fresh.button("New conversation", help="Forget earlier turns (follow-ups are rewritten)"):
+if fresh.button(
+    "New conversation", key="ask_new", help="Forget earlier turns (follow-ups are rewritten)"
+):
     st.session_state.pop("ask_thread", None)
     st.session_state.pop("ask_result", None)
     st.session_state.pop("ask_steps", None)
@@ -110,10 +148,13 @@ if go.button("Ask", type="primary", key="ask_go", disabled=settings is None):
     try:
         built, sections = pipeline(settings.model_dump_json(exclude={"openai_api_key"}), settings)
         with st.spinner("Answering…"):
-            forced = None if power_choice == "auto" else int(power_choice)
-            result = ask(built, question, thread, forced if strategy == "adaptive" else None)
+            forced = forced_power(strategy, power_choice)
+            result = ask(built, question, thread, forced)
         view = trace_from_result(result, sections)
         st.session_state["ask_result"] = (view, result)
+        st.session_state["ask_used_power"] = power_label(strategy, forced)
+        budget = getattr(built.strategy, "budget", None)  # the adaptive strategy's budgets
+        st.session_state["ask_max_depth"] = getattr(budget, "max_depth", None)
         st.session_state["ask_steps"] = built.steps.describe()
         st.session_state["ask_used_retriever"] = retriever
     except CapragError as exc:
@@ -126,10 +167,12 @@ if stored is None:
 else:
     view, result = stored
     st.caption(
-        f"{result.strategy} · {result.hop_count} hop(s) · "
+        f"{result.strategy}{st.session_state.get('ask_used_power', '')} · "
+        f"{result.hop_count} hop(s) · "
         f"{st.session_state.get('ask_used_retriever', '?')} retriever · "
         f"{result.prompt_tokens} prompt + "
         f"{result.completion_tokens} completion tokens · ${result.cost_usd:.6f} · "
         f"{result.latency_s:.2f} s · steps chosen: {st.session_state.get('ask_steps', '?')}"
     )
+    render_decision_log(view.hops, st.session_state.get("ask_max_depth"))
     render_trace(view)

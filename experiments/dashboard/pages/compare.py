@@ -9,15 +9,200 @@ from experiments.calibration import reliability
 from experiments.dashboard import charts, selection
 from experiments.dashboard.data import (
     COST,
+    COST_TOTAL,
     QUALITY,
     Criterion,
+    adaptive_runs,
+    always_deep_run,
+    decision_log,
+    decision_table,
+    deeper_questions,
     default_comparison,
     metric_table,
+    oracle_cell,
+    oracle_summary,
     question_diff,
     recall_curve,
+    saving_text,
+    savings_vs_deep,
     schema_warning,
+    trace_from_row,
 )
 from experiments.dashboard.significance_view import render_significance
+from experiments.dashboard.trace_view import render_trace
+from experiments.oracle import OracleError, oracle_routing
+from experiments.significance import PairingError
+
+
+def render_savings(
+    adaptive: pd.DataFrame, deep: pd.DataFrame, deep_id: str, deep_label: str, chosen: list[str]
+) -> None:
+    """Prompt tokens and cost of adaptive (auto) vs always depth 3, with both totals."""
+    try:
+        saved = savings_vs_deep(adaptive, deep)
+    except PairingError as exc:
+        st.warning(f"Cannot pair the adaptive run with {deep_label}: {exc}")
+        return
+    where = "selected" if deep_id in chosen else "not selected, found in the store"
+    st.caption(
+        f"against always deep = {deep_label} (adaptive, power 3; {where}) · over the "
+        f"{saved.questions} questions both answered"
+        + (f" ({saved.left_out} answered by only one left out)" if saved.left_out else "")
+    )
+    tokens, cost, recall = st.columns(3)
+    tokens.metric(
+        "Prompt tokens saved vs always deep",
+        "—" if saved.token_saving is None else f"{saved.token_saving:.1%}",
+        help="1 − adaptive total / always-deep total, over the questions both answered "
+        "(negative: adaptive spent more)",
+    )
+    tokens.caption(
+        f"{saving_text(saved.token_saving, 'prompt tokens')} · totals: adaptive "
+        f"{saved.prompt_tokens[0]:,.0f}, always deep {saved.prompt_tokens[1]:,.0f}"
+    )
+    cost.metric(
+        "Cost saved vs always deep",
+        "—" if saved.cost_saving is None else f"{saved.cost_saving:.1%}",
+        help="1 − adaptive total / always-deep total, in USD (offline: priced as if sent)",
+    )
+    cost.caption(
+        f"{saving_text(saved.cost_saving, 'cost')} · totals: adaptive {saved.cost_usd[0]:.6f} "
+        f"USD, always deep {saved.cost_usd[1]:.6f} USD"
+    )
+    mine, theirs = saved.recall_at_k
+    change = None if mine is None or theirs is None else mine - theirs
+    recall.metric(
+        "Gold-passage recall@k, adaptive",
+        "—" if mine is None else f"{mine:.3f}",
+        delta=None if change is None else f"{change:+.3f} vs always deep",
+        delta_color="off" if not change else "normal",
+        delta_arrow="off" if not change else "auto",
+    )
+    recall.caption("always deep " + ("—" if theirs is None else f"{theirs:.3f}"))
+
+
+def render_deeper(run: pd.Series, table: pd.DataFrame, chosen: list[str]) -> None:
+    """The questions where adaptive went past its first depth, their rounds, and one's trace."""
+    st.subheader("Queries that needed deeper search")
+    deeper = deeper_questions(table)
+    st.caption(
+        f"{len(deeper)} of {len(table)} questions went past their first depth "
+        f"(run {run['label']}); pick one below to see its rounds and trace"
+    )
+    if deeper.empty:
+        st.info("Every question of this run stopped at the depth it started at.")
+        return
+    event = st.dataframe(
+        deeper,
+        hide_index=True,
+        key="deeper_table",
+        on_select="rerun",
+        selection_mode="single-row",
+        column_config={
+            "question": st.column_config.TextColumn("question", width="large"),
+            "recall_at_k": st.column_config.NumberColumn("recall@k", format="%.2f"),
+        },
+    )
+    rows = list(event.selection.rows)
+    if rows and st.session_state.get("deeper_clicked") != rows:  # a row just clicked: show it
+        st.session_state["deeper_clicked"] = rows
+        st.session_state["deeper_question"] = deeper.index[rows[0]]
+    index = st.selectbox(
+        "Trace of (or click a row above)",
+        list(deeper.index),
+        format_func=lambda i: (
+            f"{deeper.at[i, 'question_id']!s} — {str(deeper.at[i, 'question'])[:90]}"
+        ),
+        key="deeper_question",
+    )
+    if index is None:
+        return
+    row = table.loc[index]
+    if st.button("Open in the Trace viewer", key="deeper_open"):
+        run_id = str(run["run_id"])  # first: the Trace viewer opens the first selected run
+        selection.remember([run_id, *(r for r in chosen if r != run_id)])
+        st.session_state["trace_question"] = index
+        st.switch_page("pages/trace.py")
+    with st.container(border=True):
+        log = decision_log(trace_from_row(row).hops)
+        st.markdown(f"**Rounds of {deeper.at[index, 'question_id']!s}**")
+        st.table(decision_table(log), hide_index=True)
+        render_trace(trace_from_row(row))
+
+
+COST_SAVED = {"tokens": "tokens", "cost_usd": "cost"}
+
+
+def render_oracle(tables: dict[str, pd.DataFrame], labels: dict[str, str]) -> None:
+    """The perfect router over the selected runs: per question the cheapest run at the best
+    recall@k any of them reached; its total cost and recall beside each run's."""
+    st.caption(
+        "Per question, the cheapest of the selected runs among those that reached the best "
+        "recall@k any of them reached: what a router that always picked the right strategy "
+        "would spend, and the recall it would get."
+    )
+    if len(tables) < 2:
+        st.info("The oracle needs two or more selected runs with a per-question table.")
+        return
+    cost = st.radio(
+        "Cost counted", list(COST), format_func=COST_TOTAL.__getitem__, horizontal=True,
+        key="oracle_cost",
+    )  # fmt: skip
+    try:
+        result = oracle_routing(
+            {labels[rid]: table for rid, table in tables.items()}, cost=cost, quality="recall_at_k"
+        )
+    except (OracleError, PairingError) as exc:
+        st.warning(f"No oracle for these runs: {exc}")
+        return
+    if result.questions == 0:
+        st.info("These runs answered no question in common: nothing to route.")
+        return
+    summary = oracle_summary(result)
+    best = result.best_single()
+    oracle, single = summary.iloc[-1], summary.set_index("run").loc[best]
+    st.markdown(
+        f"**Perfect router:** {oracle_cell(oracle['total'], cost)} at recall@k "
+        f"{oracle_cell(oracle['recall'], '')} · best single run {best}: "
+        f"{oracle_cell(single['total'], cost)} at recall@k {oracle_cell(single['recall'], '')} · "
+        f"the router spends {saving_text(result.saving(best), COST_SAVED[cost])} than that run"
+    )
+    st.caption(
+        f"{result.questions} questions routed"
+        + (
+            f" ({result.unscored} with no gold passage, routed by cost alone)"
+            if result.unscored
+            else ""
+        )
+        + (f"; {result.left_out} left out (not answered by every run)" if result.left_out else "")
+    )
+    number = "%.6f" if cost == "cost_usd" else "localized"
+    st.dataframe(
+        summary,
+        hide_index=True,
+        key="oracle_table",
+        column_config={
+            "run": st.column_config.TextColumn("run", width="large"),
+            "total": st.column_config.NumberColumn(f"total {COST_TOTAL[cost]}", format=number),
+            "per_question": st.column_config.NumberColumn(
+                "per question", format="%.6f" if cost == "cost_usd" else "%.0f"
+            ),
+            "recall": st.column_config.NumberColumn("recall@k", format="%.3f"),
+            "routed": st.column_config.NumberColumn("routed to it"),
+            "saves": st.column_config.NumberColumn(
+                "oracle saves", format="percent", help="1 − oracle total / this run's total"
+            ),
+        },
+    )
+    st.plotly_chart(charts.oracle(summary, COST_TOTAL[cost]), key="oracle_chart")
+    with st.expander(f"Per question: the run the oracle picks ({result.questions})"):
+        st.dataframe(
+            result.choices.reset_index(),
+            hide_index=True,
+            key="oracle_choices",
+            column_config={"quality": "recall@k", "best_quality": "best recall@k"},
+        )
+
 
 st.title("Compare runs")
 runs = selection.require_runs()
@@ -92,6 +277,46 @@ if calibrated:
         table = reliability(ok["confidence"], (ok["context_recall"] == 1.0).astype(float))
         frames.append(table.assign(label=labels[rid]))
     st.plotly_chart(charts.calibration(pd.concat(frames)), key="calibration")
+
+auto = adaptive_runs(picked)
+if (picked["strategy"] == "adaptive").any():
+    st.header("Adaptive depth: savings vs always deep")
+if auto.empty:
+    if (picked["strategy"] == "adaptive").any():
+        st.info(
+            "None of the selected adaptive runs is in auto mode (`strategy=adaptive "
+            "strategy.power=auto`): select one to see what it saves against always searching "
+            "deep."
+        )
+else:
+    auto_ids = list(auto["run_id"])
+    adaptive_id = (
+        st.selectbox("Adaptive run", auto_ids, format_func=labels.__getitem__, key="adaptive_run")
+        if len(auto_ids) > 1
+        else auto_ids[0]
+    )
+    adaptive = picked.set_index("run_id", drop=False).loc[adaptive_id]
+    adaptive_table = tables.get(adaptive_id)
+    deep = always_deep_run(runs, adaptive, prefer=chosen)
+    if deep is None:
+        st.info(
+            f"No fixed depth-3 run of dataset `{adaptive['dataset']}` ({adaptive['llm']} backend, "
+            "same retriever) among the runs of this store, so no savings to show: log one with "
+            "`python -m experiments.run strategy=adaptive strategy.power=3 "
+            f"dataset={adaptive['dataset']}`."
+        )
+    elif adaptive_table is not None:
+        deep_id = str(deep["run_id"])
+        deep_table = tables.get(deep_id)
+        if deep_table is None:
+            deep_table = selection.load_questions(deep)
+        if deep_table is not None:
+            render_savings(adaptive_table, deep_table, deep_id, str(deep["label"]), chosen)
+    if adaptive_table is not None:
+        render_deeper(adaptive, adaptive_table, chosen)
+
+st.header("Oracle routing ceiling")
+render_oracle(tables, labels)
 
 st.header("Per-question diff")
 with_tables = [rid for rid in chosen if rid in tables]
