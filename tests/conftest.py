@@ -29,14 +29,22 @@ ENV_KEYS = [
     "CAPRAG_LLM_TIMEOUT_S",
     "CAPRAG_MAX_BODY_BYTES",
     "CAPRAG_ALLOWED_ORIGINS",
+    "CAPRAG_POWER",
+    "CAPRAG_DEPTH_CHUNKS",
 ]
+TEST_REQUEST_TIMEOUT_S = "300"
+"""The serving time limit in tests (5 s by default): only a hang guard, so a busy machine never
+cuts a turn; the tests of the limit set their own, with a clock they move."""
 
 
 @pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No test sees the developer's own settings."""
+def clean_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test sees the developer's own settings; the decision log goes to the test's folder
+    (not the project's .caprag), and the serving time limit is a hang guard."""
     for key in ENV_KEYS:
         monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("CAPRAG_DECISION_LOG", str(tmp_path / "test-decisions.db"))
+    monkeypatch.setenv("CAPRAG_REQUEST_TIMEOUT_S", TEST_REQUEST_TIMEOUT_S)
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,8 @@ def ask(workdir: Path, index_dir: Path, *args: str, **env: str) -> subprocess.Co
         "CAPRAG_CHROMA_DIR": str(index_dir),
         "CAPRAG_K": "2",
     }
-    inherited = {k: v for k, v in os.environ.items() if k != "CAPRAG_CHECKPOINTER"}
+    defaults = ("CAPRAG_CHECKPOINTER", "CAPRAG_DECISION_LOG")  # their files in `workdir`
+    inherited = {k: v for k, v in os.environ.items() if k not in defaults}
     return subprocess.run(
         [sys.executable, "-m", "caprag", "ask", *args],
         cwd=workdir,
