@@ -62,6 +62,7 @@ def test_ask_page_offers_every_strategy_and_its_power_reaches_the_pipeline(
     at.selectbox(key="ask_strategy").set_value("adaptive").run()
     assert not at.radio(key="ask_power").disabled
     assert at.radio(key="ask_power").options == ["auto", "1", "2", "3"]
+    assert at.radio(key="ask_power").value == "2"  # the serving default (CAPRAG_POWER)
     logs = {}
     for power in ("1", "3", "auto"):
         logs[power] = ask(at, power)
@@ -157,3 +158,13 @@ def test_compare_page_shows_the_oracle_router_over_the_selected_runs(
     usd = frame_with(at, "routed")
     in_usd = oracle_routing(tables, cost="cost_usd").totals()[-1].total_cost
     assert usd["total"].iloc[-1] == pytest.approx(in_usd)
+
+
+def test_ask_page_preselects_the_configured_default_power(
+    harness_store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CAPRAG_POWER", "auto")
+    monkeypatch.setenv("CAPRAG_CORPUS", str(FIXTURE_BOOKS))
+    monkeypatch.setenv("CAPRAG_CHROMA_DIR", str(tmp_path / "chroma"))
+    at = open_page(PAGES[3], harness_store.uri, monkeypatch)
+    assert at.radio(key="ask_power").value == "auto"

@@ -125,14 +125,17 @@ except CapragError as exc:
             "Here: choose the openai LLM backend (offered when OPENAI_API_KEY is set), or auto or "
             "rule for the step, under Steps."
         )
+default_power = str(settings.power) if settings is not None else "2"
 power_choice = st.radio(
     "Power (adaptive strategy only)",
     POWERS,
+    index=POWERS.index(default_power),
     horizontal=True,
     key="ask_power",
     disabled=strategy != ADAPTIVE,
     help="auto: the strategy picks the depth per question and goes deeper while its confidence "
-    "is below the question type's threshold; 1-3 force that depth for this question",
+    "is below the question type's threshold; 1-3 force that depth for this question. "
+    f"Preselected: {default_power}, the serving default (CAPRAG_POWER).",
 )
 question = st.text_area("Question", key="ask_question", placeholder="What does … cost at level 3?")
 go, fresh = st.columns([1, 5])
