@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Iterator
@@ -23,17 +24,18 @@ START_TIMEOUT_S = 60
 TEXT_TIMEOUT_MS = 60_000
 
 
-@pytest.fixture(scope="module")
-def server(harness_store: Store, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The dashboard served on a free port against the harness store; always stopped."""
+@contextlib.contextmanager
+def dashboard_server(store_uri: str, tmp: Path, **settings: str) -> Iterator[str]:
+    """`streamlit run` of the dashboard on a free port against an MLflow store, the Ask page on
+    the fixture books (no OpenAI key), with any other settings; yields its URL; always stopped."""
     port = free_port()
-    tmp = tmp_path_factory.mktemp("browser")
     env = {
         **os.environ,
-        "MLFLOW_TRACKING_URI": harness_store.uri,
+        "MLFLOW_TRACKING_URI": store_uri,
         "CAPRAG_CORPUS": str(FIXTURE_BOOKS),
         "CAPRAG_CHROMA_DIR": str(tmp / "chroma"),
         "CAPRAG_K": "2",
+        **settings,
     }
     env.pop("OPENAI_API_KEY", None)
     command = [
@@ -43,6 +45,13 @@ def server(harness_store: Store, tmp_path_factory: pytest.TempPathFactory) -> It
     ]  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     with running(command, f"{base}/_stcore/health", env, tmp / "streamlit.log", START_TIMEOUT_S):
+        yield base
+
+
+@pytest.fixture(scope="module")
+def server(harness_store: Store, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The dashboard served on a free port against the harness store; always stopped."""
+    with dashboard_server(harness_store.uri, tmp_path_factory.mktemp("browser")) as base:
         yield base
 
 

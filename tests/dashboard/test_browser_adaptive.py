@@ -4,25 +4,20 @@ search, and the oracle-routing ceiling on the Compare page."""
 
 from __future__ import annotations
 
-import os
 import re
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import Browser, Locator, Page
 
-from experiments.servers import free_port, running
-from tests.conftest import FIXTURE_BOOKS
 from tests.dashboard.conftest import Store
 from tests.dashboard.test_adaptive_pages import IMPOSSIBLE
 from tests.dashboard.test_browser import (
-    APP,
     SHOTS,
-    START_TIMEOUT_S,
     TEXT_TIMEOUT_MS,
     browser,  # noqa: F401  (the module's chromium fixture)
+    dashboard_server,
     settle,
     visit,
 )
@@ -35,23 +30,7 @@ ANSWER_TIMEOUT_MS = 180_000
 def server(routing_store: Store, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The dashboard on a free port against four real runs (adaptive auto and always deep,
     multi-hop, single) of one sweep; always stopped."""
-    port = free_port()
-    tmp = tmp_path_factory.mktemp("browser-adaptive")
-    env = {
-        **os.environ,
-        "MLFLOW_TRACKING_URI": routing_store.uri,
-        "CAPRAG_CORPUS": str(FIXTURE_BOOKS),
-        "CAPRAG_CHROMA_DIR": str(tmp / "chroma"),
-        "CAPRAG_K": "2",
-    }
-    env.pop("OPENAI_API_KEY", None)
-    command = [
-        sys.executable, "-m", "streamlit", "run", str(APP),
-        "--server.headless", "true", "--server.address", "127.0.0.1",
-        "--server.port", str(port), "--browser.gatherUsageStats", "false",
-    ]  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    with running(command, f"{base}/_stcore/health", env, tmp / "streamlit.log", START_TIMEOUT_S):
+    with dashboard_server(routing_store.uri, tmp_path_factory.mktemp("browser-adaptive")) as base:
         yield base
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,8 +19,8 @@ from caprag.steps import StepResult, rule_steps
 from caprag.steps.assess import ConfidenceAssessment
 from caprag.store import PassageIndex
 from caprag.strategies import AdaptiveDepthStrategy, MultiHopStrategy
-from experiments.servers import free_port, running
 from tests.browsers import launch_chromium
+from tests.dashboard.test_browser import dashboard_server
 
 APP = str(PROJECT_ROOT / "experiments" / "dashboard" / "app.py")
 PAGE = "pages/decisions.py"
@@ -155,20 +153,9 @@ def test_a_missing_log_file_is_a_message(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
 @pytest.fixture(scope="module")
 def dashboard(logged: Logged, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
     tmp = tmp_path_factory.mktemp("decisions-browser")
-    env = {
-        **os.environ,
-        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp / 'mlruns.db'}",
-        "CAPRAG_DECISION_LOG": str(logged.path),
-    }
-    command = [
-        sys.executable, "-m", "streamlit", "run", APP,
-        "--server.headless", "true", "--server.address", "127.0.0.1",
-        "--server.port", str(port), "--browser.gatherUsageStats", "false",
-    ]  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    with running(command, f"{base}/_stcore/health", env, tmp / "streamlit.log", 60):
+    store = f"sqlite:///{tmp / 'mlruns.db'}"
+    with dashboard_server(store, tmp, CAPRAG_DECISION_LOG=str(logged.path)) as base:
         yield base
 
 
