@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 from caprag.api import create_app
 from caprag.books import load_books
 from caprag.config import load_settings
+from caprag.deadline import TimedRetriever
 from caprag.hybrid import HybridIndex
 from caprag.lexical import BM25Index
 from caprag.schemas import Document
@@ -105,5 +106,7 @@ def test_api_answers_with_the_retriever_from_the_environment(
 def test_bm25_pipeline_needs_no_embedding(fixture_env: Path) -> None:
     settings = load_settings(retriever="bm25", embedding="minilm")
     pipeline = build_pipeline(settings)
-    assert isinstance(pipeline.strategy.retriever, BM25Index)
+    retriever = pipeline.strategy.retriever
+    assert isinstance(retriever, TimedRetriever)  # served: each search timed for the limit
+    assert isinstance(retriever.inner, BM25Index)
     assert not list((fixture_env / "chroma").glob("manifest-*.json"))  # no dense index was built
