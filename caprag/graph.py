@@ -112,16 +112,7 @@ def build_graph(
                 "timings": {"generate": time.perf_counter() - start},
             }
         by_id = {doc.passage_id: doc for doc in state.context}
-        sources = [
-            Source(
-                passage_id=doc.passage_id,
-                book_id=doc.book_id,
-                book_title=doc.book_title,
-                section=doc.section,
-                page=doc.page,
-            )
-            for doc in (by_id[i] for i in result.value.source_ids if i in by_id)
-        ]
+        sources = [Source.of(by_id[i]) for i in result.value.source_ids if i in by_id]
         answer = AnswerWithSources(answer=result.value.answer, sources=sources)
         reply = AIMessage(answer.answer, id=str(uuid.uuid4()))
         return {

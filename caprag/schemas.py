@@ -53,6 +53,17 @@ class Source(BaseModel):
     section: str = ""
     page: int = 0
 
+    @classmethod
+    def of(cls, doc: Document) -> Source:
+        """A retrieved passage as a source."""
+        return cls(
+            passage_id=doc.passage_id,
+            book_id=doc.book_id,
+            book_title=doc.book_title,
+            section=doc.section,
+            page=doc.page,
+        )
+
 
 class AnswerWithSources(BaseModel):
     """The final answer and the passages it cites."""

@@ -389,7 +389,7 @@ class Pipeline:
                     f"(cut during {deadline.cut_step}); the passages found so far are listed "
                     "as sources."
                 )
-                sources = [source_of(doc) for doc in found]
+                sources = [Source.of(doc) for doc in found]
             else:
                 status = "timeout"
         else:
@@ -505,17 +505,6 @@ def unique(documents: list[Document]) -> list[Document]:
     for doc in documents:
         seen.setdefault(doc.content_hash, doc)
     return list(seen.values())
-
-
-def source_of(doc: Document) -> Source:
-    """A passage as an answer's source."""
-    return Source(
-        passage_id=doc.passage_id,
-        book_id=doc.book_id,
-        book_title=doc.book_title,
-        section=doc.section,
-        page=doc.page,
-    )
 
 
 def retention_from_settings(settings: Settings) -> Retention:
