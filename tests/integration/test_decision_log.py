@@ -13,13 +13,11 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from caprag.api import create_app
@@ -31,6 +29,7 @@ from caprag.steps.assess import ConfidenceAssessment
 from caprag.store import PassageIndex
 from caprag.strategies import AdaptiveDepthStrategy, MultiHopStrategy
 from tests.conftest import FIXTURE_BOOKS
+from tests.reliability.test_serving import api
 
 HANG_S = 120
 CROSS_REF = "What penalty does the second attack of a Flurry suffer?"
@@ -272,15 +271,6 @@ def test_an_unusable_log_path_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("not a folder")
     with pytest.raises(Exception, match="cannot open the decision log CAPRAG_DECISION_LOG="):
         DecisionLog(tmp_path / "file" / "decisions.db").open()
-
-
-@contextlib.asynccontextmanager
-async def api(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-    async with httpx.AsyncClient(
-        transport=transport, base_url="http://caprag.test", timeout=HANG_S
-    ) as client:
-        yield client
 
 
 async def test_concurrent_requests_all_reach_the_log(

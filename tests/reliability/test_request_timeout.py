@@ -11,12 +11,10 @@ import asyncio
 import contextlib
 import dataclasses
 import threading
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-import httpx
 import pytest
-from fastapi import FastAPI
 
 from caprag.api import create_app
 from caprag.clock import MonotonicClock
@@ -28,6 +26,7 @@ from caprag.steps import StepResult, rule_steps
 from caprag.steps.assess import ConfidenceAssessment
 from caprag.store import PassageIndex
 from caprag.strategies import AdaptiveDepthStrategy
+from tests.reliability.test_serving import api
 
 T = TypeVar("T")
 HANG_S = 120  # only catches a hang; each turn here is scripted
@@ -125,15 +124,6 @@ class Unsure:
 
     async def __call__(self, question: str, documents: Any) -> StepResult[ConfidenceAssessment]:
         return StepResult(value=ConfidenceAssessment(confidence=0.1), usage=None)
-
-
-@contextlib.asynccontextmanager
-async def api(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-    async with httpx.AsyncClient(
-        transport=transport, base_url="http://caprag.test", timeout=HANG_S
-    ) as client:
-        yield client
 
 
 async def wait_entered(blocked: Blocking | BlockingIndex) -> None:
