@@ -88,6 +88,15 @@ def instant_steps(**_group: Any) -> Steps:
 # --- running the harness ------------------------------------------------------------------------
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far (Linux /proc; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def base_overrides(folder: Path) -> list[str]:
     """Overrides that put every file a run writes inside `folder` (no progress bar, no resume)."""
     return [

@@ -38,6 +38,7 @@ from experiments.bench_harness import (
     compose_cfg,
     environment,
     fresh_http_clients,
+    process_cpu_s,
     stub_process,
     stub_requests,
     timed_run,
@@ -87,15 +88,6 @@ def _overrides(questions: int, level: int, workers: str = "auto") -> list[str]:
     ]
 
 
-def _process_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) a process has used so far (Linux /proc; 0 elsewhere)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _stub_pid() -> int | None:
     """The stub server among this process's children."""
     for entry in Path("/proc").iterdir():
@@ -132,15 +124,15 @@ def _pooled_run(folder: Path, base_url: str, *overrides: str) -> dict[str, Any]:
         reports.extend(worker.cpu_s for worker in pool.workers)
 
     kept = traces._shared  # a writer kept from an earlier run: count only this run's CPU
-    writer_before = _process_cpu_s(kept.pid) if kept is not None and kept._alive() else 0.0
+    writer_before = process_cpu_s(kept.pid) if kept is not None and kept._alive() else 0.0
 
     def writer_cpu_then_finish(writer: traces.TraceWriter) -> None:
         before = writer_before if writer is kept else 0.0
-        writer_cpu.append(_process_cpu_s(writer.pid) - before)  # once every row was sent
+        writer_cpu.append(process_cpu_s(writer.pid) - before)  # once every row was sent
         finish(writer)
 
     stub = _stub_pid()
-    stub_cpu = _process_cpu_s(stub) if stub else 0.0
+    stub_cpu = process_cpu_s(stub) if stub else 0.0
     before = stub_requests(base_url)
     workers.WorkerPool.close = keep_reports  # type: ignore[method-assign,assignment]
     traces.TraceWriter.finish = writer_cpu_then_finish  # type: ignore[method-assign,assignment]
@@ -160,7 +152,7 @@ def _pooled_run(folder: Path, base_url: str, *overrides: str) -> dict[str, Any]:
         "workers_cpu_s": sum(r.get("answer", 0.0) for r in reports),
         "workers_build_cpu_s": sum(r.get("build", 0.0) for r in reports),
         "workers_build_wall_s": max((r.get("build_wall", 0.0) for r in reports), default=0.0),
-        "stub_cpu_s": (_process_cpu_s(stub) - stub_cpu) if stub else float("nan"),
+        "stub_cpu_s": (process_cpu_s(stub) - stub_cpu) if stub else float("nan"),
         "trace_writer_cpu_s": sum(writer_cpu),
         "load_1min": os.getloadavg()[0],
         "setup_s": watch.seconds["setup"],

@@ -25,6 +25,7 @@ from experiments.bench_harness import (
     compose_cfg,
     environment,
     instant_steps,
+    process_cpu_s,
     timed_run,
 )
 
@@ -36,11 +37,10 @@ def _writer_cpu() -> float:
     """CPU seconds of the trace writers so far: the ended ones (children's resource usage) and
     the process's kept writer (from /proc)."""
     from experiments import traces
-    from experiments.perf.concurrency import _process_cpu_s
 
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     kept = traces._shared
-    alive = _process_cpu_s(kept.pid) if kept is not None and kept._alive() else 0.0
+    alive = process_cpu_s(kept.pid) if kept is not None and kept._alive() else 0.0
     return usage.ru_utime + usage.ru_stime + alive
 
 
