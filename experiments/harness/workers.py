@@ -173,6 +173,14 @@ class Worker:
         )
 
 
+class _Lost(Exception):
+    """A worker's pipe closed while it had questions to answer (made a WorkerError by `run`)."""
+
+    def __init__(self, worker: Worker) -> None:
+        super().__init__(worker.name)
+        self.worker = worker
+
+
 class WorkerPool:
     """N worker processes for one run; `run` answers one repeat's cases with them."""
 
@@ -240,7 +248,9 @@ class WorkerPool:
                     outcome.set_exception(error)
 
         def lost(worker: Worker) -> None:
-            stop(worker.died(kept + len(found), len(dataset.cases), repeat))
+            # The error is worded once the loop is back here: a case that another worker
+            # finishes meanwhile is still journaled, and the message counts it.
+            stop(_Lost(worker))
 
         def readable(worker: Worker) -> None:
             try:
@@ -281,7 +291,10 @@ class WorkerPool:
                 except OSError:  # it died before its pipe said so
                     lost(worker)
                     break
-            await outcome
+            try:
+                await outcome
+            except _Lost as gone:
+                raise gone.worker.died(kept + len(found), len(dataset.cases), repeat) from None
         finally:
             for worker in self.workers:
                 with contextlib.suppress(ValueError, OSError):  # closed by a dead worker
