@@ -322,12 +322,44 @@ def test_ingest_cli_uses_the_server_from_caprag_chroma_url(server: str, tmp_path
     assert not (tmp_path / "unused").exists()
 
 
+def test_served_answers_come_from_the_server(server: str, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "caprag", "ask", "What does Old Soldier cost?"],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        env={
+            **os.environ,
+            "CAPRAG_CHROMA_URL": f"{server}/served",
+            "CAPRAG_CHROMA_DIR": str(tmp_path / "unused"),
+            "CAPRAG_CORPUS": str(FIXTURE_BOOKS),
+            "CAPRAG_EMBEDDING": "wordllama",
+            "CAPRAG_CHECKPOINTER": f"sqlite:{tmp_path / 'chat.db'}",
+        },
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "[gifts/old-soldier]" in done.stdout
+    assert not (tmp_path / "unused").exists()
+    served = ServerPassageIndex(f"{server}/served", CountingEmbedder())
+    assert sorted(served.manifest()) == FIXTURE_IDS
+
+
 def test_unreachable_server_names_the_url_and_what_to_start() -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    done = ingest_cli({"CAPRAG_CHROMA_URL": url})
-    assert done.returncode == 2
-    assert f"cannot reach the Chroma server at {url}" in done.stderr
-    assert "chroma run --path DIR --host 127.0.0.1" in done.stderr
+    for module in ("caprag.ingest", "caprag.api"):
+        done = subprocess.run(
+            [sys.executable, "-m", module],
+            capture_output=True,
+            text=True,
+            cwd=PROJECT_ROOT,
+            env={**os.environ, "CAPRAG_CHROMA_URL": url, "CAPRAG_CORPUS": str(FIXTURE_BOOKS)},
+            timeout=600,
+        )
+        assert done.returncode == 2, (module, done.stderr)
+        assert f"error: cannot reach the Chroma server at {url}" in done.stderr
+        assert "chroma run --path DIR --host 127.0.0.1" in done.stderr
+        assert "Traceback" not in done.stderr
     with pytest.raises(VectorStoreError, match="chroma run"):
         build_index(FIXTURE_BOOKS, url, embedding="wordllama", progress=False)
 
