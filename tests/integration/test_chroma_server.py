@@ -145,6 +145,33 @@ def test_harness_run_on_server_matches_local_store(server: str, tmp_path: Path) 
     assert client.get_collection("harness.parents-minilm-420").count() == 12
 
 
+@pytest.mark.slow
+def test_benchmark_on_server_gets_its_own_namespace_and_scoped_search(
+    server: str, tmp_path: Path
+) -> None:
+    options = (
+        "dataset=squad",
+        "dataset.mode=distractor",
+        "experiment.limit=6",
+        "retriever=wordllama",
+        "strategy=single",
+        "retriever.k=1",
+    )
+    remote = f"{server}/bench"
+    local = run(make_cfg(tmp_path / "local", *options))
+    served = run(make_cfg(tmp_path / "server", *options, f"retriever.index.store={remote}"))
+    assert served.summary["failed"] == 0 and served.summary["questions"] == 6
+    assert {r.question_id: r.context_ids for r in served.rows} == {
+        r.question_id: r.context_ids for r in local.rows
+    }
+    assert served.mean("recall_at_k") == local.mean("recall_at_k")
+    names = [c.name for c in connect(ServerAddress.parse(remote)).list_collections()]
+    assert any(
+        n.startswith("bench.bench-") and n.endswith(".children-wordllama-420") for n in names
+    )
+    assert "bench.children-wordllama-420" not in names  # the rulebooks' index was not touched
+
+
 # ----- concurrent jobs ------------------------------------------------------------------------
 
 JOB = textwrap.dedent(
