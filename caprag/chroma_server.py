@@ -18,17 +18,18 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from caprag.books import Book
 from caprag.embeddings import Embedder
 from caprag.errors import ConfigError, VectorStoreError
 from caprag.schemas import Document
-from caprag.store import CHILD_CHARS, PassageIndex
+from caprag.store import CHILD_CHARS, IngestReport, PassageIndex
 
 log = logging.getLogger(__name__)
 
@@ -413,6 +414,30 @@ class ServerPassageIndex(PassageIndex):
             raise VectorStoreError(
                 f"cannot open collection {name} on the Chroma server at {self.url}: {exc}"
             ) from exc
+
+    @contextmanager
+    def _reaching(self) -> Iterator[None]:
+        """Turn a lost connection into a VectorStoreError naming the server and what to start."""
+        import httpx
+
+        try:
+            yield
+        except httpx.TransportError as exc:
+            raise VectorStoreError(
+                f"lost the Chroma server at {self.url} ({exc}): {self.address.start_hint()}"
+            ) from None
+
+    def ingest(
+        self, books: Sequence[Book], *, prune: bool = False, progress: bool = True
+    ) -> IngestReport:
+        """Add new or changed books, skip unchanged ones (by content hash), optionally prune;
+        one job at a time per index across machines (the `ingest-KEY` lease)."""
+        with self._reaching():
+            return super().ingest(books, prune=prune, progress=progress)
+
+    def _search(self, query: str, k: int, within: Sequence[str] | None) -> list[Document]:
+        with self._reaching():
+            return super()._search(query, k, within)
 
     def _lock(self, name: str) -> Any:
         self.lease = ServerLock(
