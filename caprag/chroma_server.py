@@ -106,6 +106,10 @@ def connect(address: ServerAddress) -> Any:
     import chromadb
     from chromadb.config import Settings
 
+    # httpx logs every request at INFO: keep that out of a root logger a library set to INFO
+    # (wordllama calls logging.basicConfig on import), or each search prints a line.
+    if logging.getLogger("httpx").level == logging.NOTSET:
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         return chromadb.HttpClient(
             host=address.host,

@@ -346,6 +346,7 @@ def test_ingest_cli_uses_the_server_from_caprag_chroma_url(server: str, tmp_path
     first = ingest_cli(env)
     assert first.returncode == 0, first.stderr
     assert "ingested 3 book(s) (12 passages" in first.stdout
+    assert "HTTP Request" not in first.stderr  # no log line per request to the server
     second = ingest_cli(env)
     assert "ingested 0 book(s)" in second.stdout and "skipped 3 unchanged" in second.stdout
     assert not (tmp_path / "unused").exists()
