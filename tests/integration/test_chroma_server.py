@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ from tests.conftest import FIXTURE_BOOKS
 from tests.integration.test_harness import make_cfg
 
 FIXTURE_IDS = ["basics", "fighting", "gifts"]
+HANG_GUARD_S = 300.0
+"""Only catches a hang; no test asserts how long anything takes."""
 
 
 @pytest.fixture(scope="session")
@@ -268,14 +271,13 @@ def test_two_jobs_ingesting_at_once_take_turns(server: str, tmp_path: Path) -> N
 
 def lock(server: str, owner: str, clock: FakeClock, **options: Any) -> ServerLock:
     address = ServerAddress.parse(f"{server}/leases")
-    defaults: dict[str, Any] = {"ttl_s": 60.0, "poll_s": 5.0, "wait_s": 3600.0}
+    defaults: dict[str, Any] = {"ttl_s": 60.0, "poll_s": 5.0, "wait_s": 3600.0, "heartbeat": False}
     return ServerLock(
         connect(address),
         address,
         "ingest-test",
         clock=clock,
         owner=owner,
-        heartbeat=False,
         **{**defaults, **options},
     )
 
@@ -302,6 +304,24 @@ def test_stale_lease_is_taken_over_and_its_holder_told(server: str) -> None:
     after.acquire()  # a released lease is taken at once, not taken over
     assert after.waits == 0 and after.taken_over is None
     after.release()
+
+
+def test_heartbeat_keeps_a_live_holders_lease(server: str) -> None:
+    clock = FakeClock()
+    holder = lock(server, "job-live", clock, ttl_s=0.03, heartbeat=True)  # beats every 0.01 s
+    holder.acquire()
+    try:
+        clock.sleep(3600.0)  # an hour passes: without renewal the lease would be stale
+        deadline = time.monotonic() + HANG_GUARD_S
+        while not any(lease["expires"] > clock.now() for _, lease in holder._generations()):
+            assert time.monotonic() < deadline, "the heartbeat never renewed the lease"
+            time.sleep(0.01)
+        waiter = lock(server, "job-waiting", clock, wait_s=0.0)
+        with pytest.raises(VectorStoreError, match="job-live still holds it"):
+            waiter.acquire()  # renewed: not taken over
+        assert waiter.taken_over is None
+    finally:
+        holder.release()
 
 
 def test_ingest_that_lost_its_lease_fails_before_recording_books(server: str) -> None:
