@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any
+from urllib.parse import urlencode
+
 import pandas as pd
 import streamlit as st
 
@@ -61,3 +65,61 @@ def load_questions(run: pd.Series) -> pd.DataFrame | None:
         )
         return None
     return table
+
+
+# Shareable state: what a page shows lives in its URL (st.query_params), so a copied link opens
+# the same view. A page seeds its widgets from the URL, then writes their values back.
+SEEN = "url_seen"
+
+
+def seed(
+    key: str,
+    param: str,
+    options: Sequence[Any],
+    many: bool = False,
+    text: Callable[[Any], str] = str,
+) -> None:
+    """Set widget `key` from URL parameter `param` when the URL holds a value this session has
+    not applied yet (a link just opened); values that are not among `options` are ignored.
+    An option is matched by `text(option)`, what `share` wrote for it."""
+    values = st.query_params.get_all(param)
+    seen: dict[str, list[str]] = st.session_state.setdefault(SEEN, {})
+    if not values or seen.get(key) == values:
+        return
+    seen[key] = values
+    by_text = {text(option): option for option in options}
+    valid = [by_text[v] for v in values if v in by_text]
+    if many:
+        st.session_state[key] = valid
+    elif valid:
+        st.session_state[key] = valid[0]
+
+
+def share(key: str, param: str, value: Any) -> None:
+    """Write a widget's value to URL parameter `param` (a list as repeated parameters; None or
+    an empty list removes it)."""
+    if value is None:
+        values: list[str] = []
+    else:
+        values = [str(v) for v in value] if isinstance(value, list | tuple) else [str(value)]
+    if values:
+        st.query_params[param] = values
+    else:
+        st.query_params.pop(param, None)
+    st.session_state.setdefault(SEEN, {})[key] = values
+
+
+def link(page: str, **params: Any) -> str:
+    """A relative link to a dashboard page (its url path) with parameters (lists repeated)."""
+    pairs = [
+        (name, str(v))
+        for name, value in params.items()
+        for v in (value if isinstance(value, list | tuple) else [value])
+        if v is not None
+    ]
+    return f"{page}?{urlencode(pairs)}" if pairs else page
+
+
+def runs_from_url(runs: pd.DataFrame) -> None:
+    """Adopt the runs a link names (URL parameter `runs`) as the session's selection."""
+    seed(SELECTED, "runs", list(runs["run_id"]), many=True)
