@@ -8,6 +8,7 @@ from urllib.parse import urlencode
 
 import pandas as pd
 import streamlit as st
+from streamlit.runtime.pages_manager import PagesManager
 
 from experiments.dashboard import store
 
@@ -19,8 +20,21 @@ EMPTY_STORE = (
 )
 
 
+def through_app() -> None:
+    """Rerun through app.py when Streamlit ran this page file alone.
+
+    On a fresh server whose first visit is a page's URL (a shared link), Streamlit takes the
+    `pages/` folder for its old folder mode and runs the page without app.py (no navigation,
+    layout or sidebar) for the life of the server, until some run calls st.navigation. Leaving
+    that mode and rerunning lets app.py run, and it opens the page the URL names."""
+    if PagesManager.uses_pages_directory:
+        PagesManager.uses_pages_directory = False
+        st.rerun()
+
+
 def require_runs() -> pd.DataFrame:
     """All runs of the store; explains and stops the page when there are none or it fails."""
+    through_app()
     uri = store.uri()
     try:
         runs = store.runs(uri)

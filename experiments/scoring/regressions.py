@@ -37,7 +37,8 @@ METRICS = {
     "cost_usd": Metric("cost (USD)", higher_is_better=False, failed_counts_as=None),
 }
 BETTER, WORSE, SAME, NOT_SCORED = "better", "worse", "same", "not scored"
-CHANGES = (BETTER, WORSE, SAME, NOT_SCORED)
+CHANGES = (WORSE, BETTER, SAME, NOT_SCORED)
+"""In the order rows are listed: regressions first."""
 KEYS = ("case_id", "question_id", "turn", "repeat")
 INFO = ("set", "query_type", "question", "gold_answer", "gold_ids")
 TOLERANCE = 1e-9
@@ -128,8 +129,15 @@ def filtered(
     return frame[keep]
 
 
+def ordered(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows by change (worse first, as `CHANGES`), then set and question id."""
+    rank = frame["change"].map({change: i for i, change in enumerate(CHANGES)})
+    order = frame.assign(_rank=rank).sort_values(["_rank", "set", "question_id"], kind="stable")
+    return order.drop(columns="_rank")
+
+
 def counts(frame: pd.DataFrame) -> dict[str, int]:
-    """How many rows got better, worse, stayed the same or were not scored."""
+    """How many rows got worse, better, stayed the same or were not scored."""
     found = frame["change"].value_counts()
     return {change: int(found.get(change, 0)) for change in CHANGES}
 

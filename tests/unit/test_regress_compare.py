@@ -94,7 +94,8 @@ def test_metrics_both_runs_can_be_compared_on() -> None:
 
 def test_counts_follow_the_filters() -> None:
     frame = reg.compare(A, B, "recall_at_k")
-    assert reg.counts(frame) == {"better": 1, "worse": 3, "same": 1, "not scored": 1}
+    assert reg.counts(frame) == {"worse": 3, "better": 1, "same": 1, "not scored": 1}
+    assert list(reg.ordered(frame)["change"]) == ["worse"] * 3 + ["better", "same", "not scored"]
     cross = reg.filtered(frame, sets=["cross_book"])
     assert sorted(cross["question_id"]) == ["q1", "q2", "q4"]
     assert reg.counts(cross) == {"better": 1, "worse": 2, "same": 0, "not scored": 0}

@@ -74,7 +74,7 @@ st.caption(
     f"A = {labels[run_a]}, B = {labels[run_b]} · {len(scope)} of the {len(frame)} questions "
     f"both runs answered match the set, type and tag filters; {len(shown)} shown"
 )
-rows = shown.sort_values(["change", "set", "question_id"]).reset_index(drop=True)
+rows = reg.ordered(shown).reset_index(drop=True)
 rows["trace_a"] = [selection.link(TRACE_PAGE, run=run_a, question=q) for q in rows["question_id"]]
 rows["trace_b"] = [selection.link(TRACE_PAGE, run=run_b, question=q) for q in rows["question_id"]]
 COLUMNS = [
@@ -99,11 +99,9 @@ st.dataframe(
 if not rows.empty:
     questions = list(rows["question_id"].astype(str))
     selection.seed("reg_question", "question", questions)
+    texts = dict(zip(questions, rows["question"].astype(str), strict=True))
     picked = st.selectbox(
-        "Traces of",
-        questions,
-        format_func=lambda q: f"{q} — {rows.set_index('question_id').at[q, 'question']!s:.90}",
-        key="reg_question",
+        "Traces of", questions, format_func=lambda q: f"{q} — {texts[q][:90]}", key="reg_question"
     )
     selection.share("reg_question", "question", picked)
     left, right = st.columns(2)
