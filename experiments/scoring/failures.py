@@ -46,7 +46,7 @@ TIMED_OUT = re.compile(r"timed out|timeout", re.IGNORECASE)
 PARSE_ERRORS = ("StepFailedError", "StructuredOutputError")
 
 
-def failure_tags(row: Mapping[str, Any], drift_threshold: float = DRIFT_THRESHOLD) -> list[str]:
+def failure_tags(row: Mapping[Any, Any], drift_threshold: float = DRIFT_THRESHOLD) -> list[str]:
     """The tags of one question's row (a `QuestionRow.record()` or a row of a run's table), in
     the order of `TAGS`."""
     hops = _list(row.get("trace"))
@@ -94,7 +94,7 @@ def overlap(query: str, reference: str) -> float:
     return len(mine & set(terms(reference))) / len(mine)
 
 
-def drift(row: Mapping[str, Any], hops: Sequence[dict[str, Any]] | None = None) -> float:
+def drift(row: Mapping[Any, Any], hops: Sequence[dict[str, Any]] | None = None) -> float:
     """The lowest overlap of any query issued for the question (1.0 when none was issued)."""
     question = str(row.get("question") or "")
     main = str(row.get("main_question") or "")
