@@ -12,6 +12,7 @@ st.set_page_config(page_title="caprag dashboard", page_icon=":material/menu_book
 PAGES = [
     st.Page("pages/runs.py", title="Runs", icon=":material/table_rows:", default=True),
     st.Page("pages/compare.py", title="Compare", icon=":material/compare_arrows:"),
+    st.Page("pages/regressions.py", title="Regressions", icon=":material/difference:"),
     st.Page("pages/trace.py", title="Trace viewer", icon=":material/account_tree:"),
     st.Page("pages/ask.py", title="Ask", icon=":material/chat:"),
     st.Page("pages/decisions.py", title="Decision log", icon=":material/fact_check:"),

@@ -6,7 +6,7 @@ import datetime as dt
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import pandas as pd
 
@@ -34,7 +34,6 @@ QUALITY = {
 }
 COST = {"tokens": "tokens / question", "cost_usd": "USD / question"}
 COST_TOTAL = {"tokens": "tokens", "cost_usd": "USD"}
-Criterion = Literal["all_gold", "f1"]
 POWER_PARAM = "params.strategy.power"
 """The adaptive strategy's power (auto, 1, 2, 3) as the harness logs it."""
 AUTO = "auto"
@@ -171,66 +170,6 @@ def recall_curve(runs: pd.DataFrame, hops: int = 3) -> pd.DataFrame:
         if f"recall_hop{h}" in runs.columns and pd.notna(run[f"recall_hop{h}"])
     ]
     return pd.DataFrame(rows, columns=["label", "strategy", "hop", "recall"])
-
-
-def correct(questions: pd.DataFrame, criterion: Criterion, threshold: float = 0.5) -> pd.Series:
-    """Whether each question is right: all gold passages in context, or F1 ≥ threshold.
-
-    A failed question is wrong; one the metric does not apply to (unanswerable) is NA.
-    """
-    if criterion == "f1":
-        values = _column(questions, "f1")
-        right = (values >= threshold).astype("boolean")
-    else:
-        values = _column(questions, "all_gold_at_k")
-        if values.isna().all() and "recall_at_k" in questions.columns:
-            values = _column(questions, "recall_at_k")  # older tables: all gold ⇔ recall 1
-        right = (values >= 1.0).astype("boolean")
-    right = right.mask(values.isna())
-    return right.mask(_column(questions, "status", "ok") != "ok", False)
-
-
-def question_diff(
-    a: pd.DataFrame, b: pd.DataFrame, criterion: Criterion = "all_gold", threshold: float = 0.5
-) -> pd.DataFrame:
-    """Questions of both runs side by side: right in A / B, hop counts, and the outcome."""
-    keys = [k for k in ("case_id", "question_id", "turn") if k in a.columns and k in b.columns]
-    if "question_id" not in keys:
-        return pd.DataFrame()
-    info = ["set", "query_type", "question"]
-
-    def side(frame: pd.DataFrame, tag: str) -> pd.DataFrame:
-        part = frame[keys].copy()
-        part[f"right_{tag}"] = correct(frame, criterion, threshold)
-        part[f"hops_{tag}"] = _column(frame, "hops")
-        part[f"f1_{tag}"] = _column(frame, "f1")
-        part[f"recall_{tag}"] = _column(frame, "recall_at_k")
-        return part
-
-    base = a[keys].copy()
-    for column in info:
-        base[column] = _column(a, column, "")
-    merged = base.merge(side(a, "a"), on=keys).merge(side(b, "b"), on=keys)
-    merged["outcome"] = [
-        _outcome(x, y) for x, y in zip(merged["right_a"], merged["right_b"], strict=True)
-    ]
-    return merged
-
-
-def _outcome(a: Any, b: Any) -> str:
-    if pd.isna(a) or pd.isna(b):
-        return "not scored"
-    if a and not b:
-        return "only A right"
-    if b and not a:
-        return "only B right"
-    return "both right" if a else "both wrong"
-
-
-def _column(frame: pd.DataFrame, name: str, default: Any = float("nan")) -> pd.Series:
-    if name in frame.columns:
-        return frame[name]
-    return pd.Series(default, index=frame.index)
 
 
 @dataclass

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any
+from urllib.parse import urlencode
+
 import pandas as pd
 import streamlit as st
+from streamlit.runtime.pages_manager import PagesManager
 
 from experiments.dashboard import store
 
 SELECTED = "selected_runs"
+RAN = "dashboard_ran"
 EMPTY_STORE = (
     "No runs in this MLflow store yet (`{uri}`). Log some with "
     "`uv run python -m experiments.run -m experiment=compare` (or `make run`), or point "
@@ -15,8 +21,25 @@ EMPTY_STORE = (
 )
 
 
+def through_app() -> None:
+    """Rerun through app.py when Streamlit ran this page file alone.
+
+    On a fresh server whose first visit is a page's URL (a shared link), Streamlit takes the
+    `pages/` folder for its old folder mode and runs the page without app.py (no navigation,
+    layout or sidebar) for the life of the server, until some run calls st.navigation. Leaving
+    that mode and rerunning lets app.py run, and it opens the page the URL names. Only a
+    session's first run can be such a visit (AppTest turns the folder mode back on before every
+    run, and a rerun there would drop the click that started it)."""
+    first_run = not st.session_state.get(RAN)
+    st.session_state[RAN] = True
+    if first_run and PagesManager.uses_pages_directory:
+        PagesManager.uses_pages_directory = False
+        st.rerun()
+
+
 def require_runs() -> pd.DataFrame:
     """All runs of the store; explains and stops the page when there are none or it fails."""
+    through_app()
     uri = store.uri()
     try:
         runs = store.runs(uri)
@@ -61,3 +84,61 @@ def load_questions(run: pd.Series) -> pd.DataFrame | None:
         )
         return None
     return table
+
+
+# Shareable state: what a page shows lives in its URL (st.query_params), so a copied link opens
+# the same view. A page seeds its widgets from the URL, then writes their values back.
+SEEN = "url_seen"
+
+
+def seed(
+    key: str,
+    param: str,
+    options: Sequence[Any],
+    many: bool = False,
+    text: Callable[[Any], str] = str,
+) -> None:
+    """Set widget `key` from URL parameter `param` when the URL holds a value this session has
+    not applied yet (a link just opened); values that are not among `options` are ignored.
+    An option is matched by `text(option)`, what `share` wrote for it."""
+    values = st.query_params.get_all(param)
+    seen: dict[str, list[str]] = st.session_state.setdefault(SEEN, {})
+    if not values or seen.get(key) == values:
+        return
+    seen[key] = values
+    by_text = {text(option): option for option in options}
+    valid = [by_text[v] for v in values if v in by_text]
+    if many:
+        st.session_state[key] = valid
+    elif valid:
+        st.session_state[key] = valid[0]
+
+
+def share(key: str, param: str, value: Any) -> None:
+    """Write a widget's value to URL parameter `param` (a list as repeated parameters; None or
+    an empty list removes it)."""
+    if value is None:
+        values: list[str] = []
+    else:
+        values = [str(v) for v in value] if isinstance(value, list | tuple) else [str(value)]
+    if values:
+        st.query_params[param] = values
+    else:
+        st.query_params.pop(param, None)
+    st.session_state.setdefault(SEEN, {})[key] = values
+
+
+def link(page: str, **params: Any) -> str:
+    """A relative link to a dashboard page (its url path) with parameters (lists repeated)."""
+    pairs = [
+        (name, str(v))
+        for name, value in params.items()
+        for v in (value if isinstance(value, list | tuple) else [value])
+        if v is not None
+    ]
+    return f"{page}?{urlencode(pairs)}" if pairs else page
+
+
+def runs_from_url(runs: pd.DataFrame) -> None:
+    """Adopt the runs a link names (URL parameter `runs`) as the session's selection."""
+    seed(SELECTED, "runs", list(runs["run_id"]), many=True)

@@ -87,54 +87,6 @@ def test_pareto_front_keeps_only_undominated_points() -> None:
     assert not data.pareto_front(frame, "cost_usd", "recall").any()
 
 
-def questions(rows: list[dict[str, object]]) -> pd.DataFrame:
-    base = {"case_id": "", "turn": 1, "set": "cross_book", "query_type": "factual", "status": "ok"}
-    return pd.DataFrame([{**base, "case_id": r["question_id"], **r} for r in rows])
-
-
-def test_question_diff_lists_who_got_what_right_with_hops() -> None:
-    a = questions(
-        [
-            {"question_id": "q1", "question": "one", "all_gold_at_k": 1.0, "f1": 0.9, "hops": 2},
-            {"question_id": "q2", "question": "two", "all_gold_at_k": 0.0, "f1": 0.6, "hops": 3},
-            {"question_id": "q3", "question": "three", "set": "unanswerable", "hops": 1},
-            {"question_id": "q4", "question": "four", "all_gold_at_k": 1.0, "f1": 0.1, "hops": 1},
-        ]
-    )
-    b = questions(
-        [
-            {"question_id": "q1", "all_gold_at_k": 0.0, "f1": 0.2, "hops": 1},
-            {"question_id": "q2", "all_gold_at_k": 1.0, "f1": 0.1, "hops": 1},
-            {"question_id": "q3", "set": "unanswerable", "hops": 1},
-            {"question_id": "q4", "status": "failed", "hops": float("nan")},
-        ]
-    )
-    diff = data.question_diff(a, b).set_index("question_id")
-    assert diff["outcome"].to_dict() == {
-        "q1": "only A right",
-        "q2": "only B right",
-        "q3": "not scored",
-        "q4": "only A right",  # a failed question is wrong
-    }
-    assert diff.loc["q1", ["hops_a", "hops_b"]].tolist() == [2, 1]
-    assert diff.loc["q1", "question"] == "one"
-    by_f1 = data.question_diff(a, b, "f1", threshold=0.5).set_index("question_id")["outcome"]
-    assert by_f1.to_dict() == {
-        "q1": "only A right",
-        "q2": "only A right",
-        "q3": "not scored",
-        "q4": "both wrong",
-    }
-
-
-def test_question_diff_of_older_tables() -> None:
-    old = pd.DataFrame({"question_id": ["q1"], "recall_at_k": [1.0]})
-    new = questions([{"question_id": "q1", "all_gold_at_k": 0.0}])
-    diff = data.question_diff(old, new)
-    assert diff.loc[0, "outcome"] == "only A right"  # recall 1 ⇔ all gold when the column is absent
-    assert data.question_diff(pd.DataFrame({"x": [1]}), new).empty
-
-
 def test_metric_table_states_coverage_and_dashes_missing() -> None:
     runs = data.runs_frame(raw_runs())
     table = data.metric_table(runs)

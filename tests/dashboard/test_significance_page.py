@@ -1,4 +1,5 @@
-"""The Compare page's Significance section through AppTest: real harness runs and synthetic ones."""
+"""The Significance section (Regressions page) through AppTest: real harness runs and synthetic
+ones."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from experiments.dashboard.significance_view import HIGHLIGHT
 from experiments.significance import compare_runs, table_rows
 from experiments.tracking import TABLE, mlflow, use_experiment
 from tests.dashboard.conftest import Store
-from tests.dashboard.test_app import PAGES, open_page, texts
+from tests.dashboard.test_app import open_page, texts
 from tests.unit.test_significance import TAGS, synthetic_pair
 
+REGRESSIONS = "pages/regressions.py"
 CI = re.compile(r"^\[-?\d+\.\d+, -?\d+\.\d+\]$")
 
 
@@ -39,7 +41,7 @@ def test_significance_of_two_harness_runs_matches_the_logged_tables(
     harness_store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     hop, question = harness_store.runs["multi-hop"], harness_store.runs["multi-question"]
-    at = open_page(PAGES[1], harness_store.uri, monkeypatch)
+    at = open_page(REGRESSIONS, harness_store.uri, monkeypatch)
     at.selectbox(key="diff_a").set_value(hop).run()
     at.selectbox(key="diff_b").set_value(question).run()
     assert not at.exception
@@ -83,7 +85,7 @@ def test_significance_highlights_a_clear_gain_and_not_a_copy(
     synthetic_store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runs = synthetic_store.runs
-    at = open_page(PAGES[1], synthetic_store.uri, monkeypatch, selected_runs=list(runs.values()))
+    at = open_page(REGRESSIONS, synthetic_store.uri, monkeypatch, selected_runs=list(runs.values()))
     at.selectbox(key="diff_a").set_value(runs["baseline"]).run()
     at.selectbox(key="diff_b").set_value(runs["better"]).run()
     table = significance_table(at)

@@ -11,7 +11,6 @@ from experiments.dashboard.data import (
     COST,
     COST_TOTAL,
     QUALITY,
-    Criterion,
     adaptive_runs,
     always_deep_run,
     decision_log,
@@ -21,14 +20,12 @@ from experiments.dashboard.data import (
     metric_table,
     oracle_cell,
     oracle_summary,
-    question_diff,
     recall_curve,
     saving_text,
     savings_vs_deep,
     schema_warning,
     trace_from_row,
 )
-from experiments.dashboard.significance_view import render_significance
 from experiments.dashboard.trace_view import render_trace
 from experiments.oracle import OracleError, oracle_routing
 from experiments.significance import PairingError
@@ -207,6 +204,7 @@ def render_oracle(tables: dict[str, pd.DataFrame], labels: dict[str, str]) -> No
 st.title("Compare runs")
 runs = selection.require_runs()
 labels = dict(zip(runs["run_id"], runs["label"], strict=True))
+selection.seed("compare_runs", "runs", list(runs["run_id"]), many=True)
 chosen = st.multiselect(
     "Runs",
     list(runs["run_id"]),
@@ -215,6 +213,7 @@ chosen = st.multiselect(
     key="compare_runs",
 )
 selection.remember(chosen)
+selection.share("compare_runs", "runs", chosen)
 if len(chosen) < 2:
     st.info("Choose two or more runs to compare (here or by ticking rows on the Runs page).")
     st.stop()
@@ -319,57 +318,10 @@ st.header("Oracle routing ceiling")
 render_oracle(tables, labels)
 
 st.header("Per-question diff")
-with_tables = [rid for rid in chosen if rid in tables]
-if len(with_tables) < 2:
-    st.info("The per-question diff needs two runs with a per-question table.")
-    st.stop()
-a_col, b_col = st.columns(2)
-run_a = a_col.selectbox("Run A", with_tables, 0, format_func=labels.__getitem__, key="diff_a")
-run_b = b_col.selectbox("Run B", with_tables, 1, format_func=labels.__getitem__, key="diff_b")
-by_id = picked.set_index("run_id", drop=False)
-render_significance(by_id.loc[run_a], by_id.loc[run_b], labels)
-
-st.subheader("Questions")
-k1, k2 = st.columns(2)
-RIGHT: dict[Criterion, str] = {"all_gold": "all gold passages in context", "f1": "F1 ≥ threshold"}
-criterion: Criterion = k1.radio(
-    "Right means", list(RIGHT), format_func=RIGHT.__getitem__, horizontal=True, key="criterion"
-)
-threshold = k2.slider("F1 threshold", 0.0, 1.0, 0.5, 0.05, key="threshold")
-diff = question_diff(tables[run_a], tables[run_b], criterion, threshold)
-if diff.empty:
-    st.warning("These tables have no `question_id` column (an older schema); cannot match them.")
-    st.stop()
-f1, f2, f3 = st.columns(3)
-outcomes = f1.multiselect(
-    "Outcome",
-    sorted(diff["outcome"].unique()),
-    default=[o for o in ("only A right", "only B right") if o in set(diff["outcome"])],
-    key="outcome",
-)
-sets = f2.multiselect("Set", sorted(diff["set"].astype(str).unique()), key="diff_set")
-types = f3.multiselect("Question type", sorted(diff["query_type"].astype(str).unique()), key="qt")
-shown = diff[diff["outcome"].isin(outcomes or list(diff["outcome"].unique()))]
-if sets:
-    shown = shown[shown["set"].astype(str).isin(sets)]
-if types:
-    shown = shown[shown["query_type"].astype(str).isin(types)]
-counts = diff["outcome"].value_counts()
-st.caption(
-    f"A = {labels[run_a]}, B = {labels[run_b]} · "
-    + " · ".join(f"{name}: {n}" for name, n in counts.items())
-)
-order = ["question_id", "set", "query_type", "outcome", "right_a", "hops_a", "right_b", "hops_b"]
-order += ["f1_a", "f1_b", "recall_a", "recall_b", "question"]
-st.dataframe(
-    shown.sort_values(["outcome", "set", "question_id"])[order],
-    hide_index=True,
-    key="diff_table",
-    column_config={
-        "right_a": st.column_config.CheckboxColumn("A right"),
-        "right_b": st.column_config.CheckboxColumn("B right"),
-        "hops_a": st.column_config.NumberColumn("A hops"),
-        "hops_b": st.column_config.NumberColumn("B hops"),
-        "question": st.column_config.TextColumn("question", width="large"),
-    },
+st.page_link(
+    "pages/regressions.py",
+    label="Per question, which got better or worse (with failure tags, significance and traces): "
+    "the Regressions page",
+    icon=":material/difference:",
+    query_params={"a": chosen[0], "b": chosen[1]},
 )

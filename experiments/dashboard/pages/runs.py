@@ -14,6 +14,7 @@ SHOWN = [
 
 st.title("Runs")
 runs = selection.require_runs()
+selection.runs_from_url(runs)
 
 left, mid, right = st.columns(3)
 datasets = left.multiselect("Dataset", sorted(runs["dataset"].unique()), key="f_dataset")
@@ -46,6 +47,7 @@ rows = list(event.selection.rows) if event is not None else []
 if rows:
     selection.remember(list(shown.iloc[rows]["run_id"]))
 chosen = selection.selected(runs)
+selection.share(selection.SELECTED, "runs", chosen)
 older = [r for r in chosen if not runs.loc[runs["run_id"] == r, "schema"].notna().all()]
 if chosen:
     st.write(f"Selected: {', '.join(runs.set_index('run_id').loc[chosen, 'label'])}")
@@ -55,4 +57,4 @@ if chosen:
             "missing metrics show as —."
         )
 if st.button("Compare selected", disabled=len(chosen) < 2, help="Choose two or more rows"):
-    st.switch_page("pages/compare.py")
+    st.switch_page("pages/compare.py", query_params={"runs": chosen})

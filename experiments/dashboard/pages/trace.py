@@ -10,7 +10,9 @@ from experiments.dashboard.trace_view import render_trace
 
 st.title("Trace viewer")
 runs = selection.require_runs()
+selection.seed("trace_run", "run", list(runs["run_id"]))
 run = selection.pick_run(runs, key="trace_run")
+selection.share("trace_run", "run", run["run_id"])
 st.link_button(
     "Open this run in the MLflow UI", store.run_url(str(run["experiment_id"]), str(run["run_id"]))
 )
@@ -36,6 +38,7 @@ sets = sorted(table["set"].astype(str).unique()) if "set" in table.columns else 
 only = st.multiselect("Question set", sets, key="trace_set") if sets else []
 rows = table[table["set"].astype(str).isin(only)] if only else table
 ids = list(rows.index)
+selection.seed("trace_question", "question", ids, text=lambda i: str(rows.at[i, "question_id"]))
 question = st.selectbox(
     "Question",
     ids,
@@ -45,4 +48,5 @@ question = st.selectbox(
 if question is None:
     st.info("No question matches the filter.")
     st.stop()
+selection.share("trace_question", "question", rows.at[question, "question_id"])
 render_trace(trace_from_row(rows.loc[question]))

@@ -1,0 +1,129 @@
+"""Regressions: two runs side by side per question (better, worse, same on a chosen metric),
+with failure tags, links to both traces, and the filtered questions as a question set."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from experiments.dashboard import selection
+from experiments.dashboard.data import default_comparison
+from experiments.dashboard.significance_view import render_significance
+from experiments.scoring import regressions as reg
+from experiments.scoring.failures import TAGS
+
+TRACE_PAGE = "trace"  # the Trace viewer's url path (pages/trace.py)
+
+st.title("Regressions")
+runs = selection.require_runs()
+ids = list(runs["run_id"])
+labels = dict(zip(runs["run_id"], runs["label"], strict=True))
+preferred = selection.selected(runs) or default_comparison(runs) or ids
+first = ids.index(preferred[0])
+second = ids.index(preferred[1]) if len(preferred) > 1 else (first + 1) % len(ids)
+a_col, b_col = st.columns(2)
+selection.seed("diff_a", "a", ids)
+selection.seed("diff_b", "b", ids)
+run_a = a_col.selectbox("Run A (before)", ids, first, format_func=labels.__getitem__, key="diff_a")
+run_b = b_col.selectbox("Run B (after)", ids, second, format_func=labels.__getitem__, key="diff_b")
+selection.share("diff_a", "a", run_a)
+selection.share("diff_b", "b", run_b)
+by_id = runs.set_index("run_id", drop=False)
+table_a = selection.load_questions(by_id.loc[run_a])
+table_b = selection.load_questions(by_id.loc[run_b])
+if table_a is None or table_b is None:
+    st.stop()
+if "question_id" not in table_a.columns or "question_id" not in table_b.columns:
+    st.warning("These tables have no `question_id` column (an older schema); cannot match them.")
+    st.stop()
+
+metrics = reg.metrics_of(table_a, table_b)
+if not metrics:
+    st.warning("These runs share no per-question metric to compare.")
+    st.stop()
+selection.seed("reg_metric", "metric", metrics)
+metric = st.selectbox(
+    "Metric",
+    metrics,
+    format_func=lambda m: reg.METRICS[m].label,
+    key="reg_metric",
+    help="better/worse: B's value above/below A's (below/above for tokens, cost and false "
+    "refusal); a question that failed counts as the metric's worst value",
+)
+selection.share("reg_metric", "metric", metric)
+frame = reg.compare(table_a, table_b, metric)
+
+f1, f2, f3, f4 = st.columns(4)
+choices = {
+    "reg_set": ("set", f1, "Question set", sorted(frame["set"].astype(str).unique())),
+    "reg_type": ("type", f2, "Question type", sorted(frame["query_type"].astype(str).unique())),
+    "reg_tag": ("tag", f3, "Failure tag (in A or B)", list(TAGS)),
+    "reg_change": ("change", f4, "Change", list(reg.CHANGES)),
+}
+chosen: dict[str, list[str]] = {}
+for key, (param, column, label, options) in choices.items():
+    selection.seed(key, param, options, many=True)
+    chosen[key] = column.multiselect(label, options, key=key)
+    selection.share(key, param, chosen[key])
+scope = reg.filtered(frame, chosen["reg_set"], chosen["reg_type"], chosen["reg_tag"])
+shown = reg.filtered(scope, changes=chosen["reg_change"])
+
+counted = reg.counts(scope)
+for column, change in zip(st.columns(len(counted)), counted, strict=True):
+    column.metric(change, counted[change])
+st.caption(
+    f"A = {labels[run_a]}, B = {labels[run_b]} · {len(scope)} of the {len(frame)} questions "
+    f"both runs answered match the set, type and tag filters; {len(shown)} shown"
+)
+rows = reg.ordered(shown).reset_index(drop=True)
+rows["trace_a"] = [selection.link(TRACE_PAGE, run=run_a, question=q) for q in rows["question_id"]]
+rows["trace_b"] = [selection.link(TRACE_PAGE, run=run_b, question=q) for q in rows["question_id"]]
+COLUMNS = [
+    "question_id", "set", "query_type", "change", "value_a", "value_b", "tags_a", "tags_b",
+    "trace_a", "trace_b", "question",
+]  # fmt: skip
+st.dataframe(
+    rows[COLUMNS],
+    hide_index=True,
+    key="reg_table",
+    column_config={
+        "value_a": st.column_config.NumberColumn("A", format="%.3f"),
+        "value_b": st.column_config.NumberColumn("B", format="%.3f"),
+        "tags_a": st.column_config.ListColumn("A tags"),
+        "tags_b": st.column_config.ListColumn("B tags"),
+        "trace_a": st.column_config.LinkColumn("A trace", display_text="open A"),
+        "trace_b": st.column_config.LinkColumn("B trace", display_text="open B"),
+        "question": st.column_config.TextColumn("question", width="large"),
+    },
+)
+
+if not rows.empty:
+    questions = list(rows["question_id"].astype(str))
+    selection.seed("reg_question", "question", questions)
+    texts = dict(zip(questions, rows["question"].astype(str), strict=True))
+    picked = st.selectbox(
+        "Traces of", questions, format_func=lambda q: f"{q} — {texts[q][:90]}", key="reg_question"
+    )
+    selection.share("reg_question", "question", picked)
+    left, right = st.columns(2)
+    left.link_button("Trace in A", selection.link(TRACE_PAGE, run=run_a, question=picked))
+    right.link_button("Trace in B", selection.link(TRACE_PAGE, run=run_b, question=picked))
+
+items = reg.as_dataset(shown)
+st.download_button(
+    "Export these questions as a dataset",
+    reg.to_jsonl(items),
+    file_name="regressions.jsonl",
+    mime="application/jsonl",
+    disabled=not items,
+    help="The questions shown, one JSON object a line in the question-set schema "
+    "(datasets/README.md): load it with `experiments.questions.load_questions`",
+)
+left_out = len(shown) - len(reg.single_questions(shown))
+turns = f"; {left_out} conversation turns left out (a turn needs its conversation)"
+st.caption(
+    f"{len(items)} questions in the export"
+    + (turns if left_out else "")
+    + " · reference text and answer aliases are not in a run's table and are left empty"
+)
+
+render_significance(by_id.loc[run_a], by_id.loc[run_b], labels)

@@ -1,0 +1,1 @@
+"""Scoring: per-question measures read from runs (failure tags, run-to-run regressions)."""

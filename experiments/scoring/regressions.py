@@ -1,0 +1,186 @@
+"""Two runs side by side per question: which questions got better, worse or stayed the same on
+one metric, with each side's failure tags; filters, counts and the export as a question set."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from experiments.scoring.failures import failure_tags
+
+
+@dataclass(frozen=True)
+class Metric:
+    """How a per-question metric reads: its label, its direction, and the value a failed
+    question counts as (None: a failed question is not scored on it)."""
+
+    label: str
+    higher_is_better: bool = True
+    failed_counts_as: float | None = 0.0
+
+
+METRICS = {
+    "recall_at_k": Metric("gold-passage recall@k"),
+    "all_gold_at_k": Metric("all gold passages in k"),
+    "f1": Metric("answer F1"),
+    "exact_match": Metric("exact match"),
+    "correct_refusal": Metric("correct refusal"),
+    "false_refusal": Metric("false refusal", higher_is_better=False, failed_counts_as=None),
+    "precision_at_k": Metric("gold-passage precision@k"),
+    "mrr": Metric("MRR"),
+    "context_recall": Metric("gold passages in context"),
+    "tokens": Metric("tokens", higher_is_better=False, failed_counts_as=None),
+    "cost_usd": Metric("cost (USD)", higher_is_better=False, failed_counts_as=None),
+}
+BETTER, WORSE, SAME, NOT_SCORED = "better", "worse", "same", "not scored"
+CHANGES = (WORSE, BETTER, SAME, NOT_SCORED)
+"""In the order rows are listed: regressions first."""
+KEYS = ("case_id", "question_id", "turn", "repeat")
+INFO = ("set", "query_type", "question", "gold_answer", "gold_ids")
+TOLERANCE = 1e-9
+
+
+def metrics_of(a: pd.DataFrame, b: pd.DataFrame) -> list[str]:
+    """The metrics both tables can be compared on, in `METRICS` order."""
+    return [m for m in METRICS if _values(a, m) is not None and _values(b, m) is not None]
+
+
+def compare(a: pd.DataFrame, b: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Per question answered by both runs: each side's value and failure tags, and the change
+    from A to B (better, worse, same, or not scored when the metric does not apply).
+
+    A failed question counts as the metric's worst value where the metric applies to it (the
+    other run has a value), so a question that now fails is `worse`, not dropped.
+    """
+    keys = [k for k in KEYS if k in a.columns and k in b.columns]
+    if "question_id" not in keys:
+        raise ValueError("both runs' tables need a question_id column to be matched")
+    rule = METRICS[metric]
+    base = a[keys].copy()
+    for column in INFO:
+        base[column] = a[column] if column in a.columns else ""
+    sides = []
+    for frame, tag in ((a, "a"), (b, "b")):
+        side = frame[keys].copy()
+        values = _values(frame, metric)
+        side[f"value_{tag}"] = values if values is not None else float("nan")
+        side[f"status_{tag}"] = frame["status"] if "status" in frame.columns else "ok"
+        side[f"tags_{tag}"] = [failure_tags(row) for row in frame.to_dict("records")]
+        sides.append(side)
+    merged = base.merge(sides[0], on=keys).merge(sides[1], on=keys)
+    for tag, other in (("a", "b"), ("b", "a")):
+        failed = (merged[f"status_{tag}"] != "ok") & merged[f"value_{tag}"].isna()
+        applies = merged[f"value_{other}"].notna()
+        if rule.failed_counts_as is not None:
+            worst = failed & applies
+            merged.loc[worst, f"value_{tag}"] = rule.failed_counts_as
+    delta = merged["value_b"] - merged["value_a"]
+    if not rule.higher_is_better:
+        delta = -delta
+    merged["change"] = [_change(d) for d in delta]
+    merged["delta"] = merged["value_b"] - merged["value_a"]
+    return merged
+
+
+def _change(delta: float) -> str:
+    if pd.isna(delta):
+        return NOT_SCORED
+    if delta > TOLERANCE:
+        return BETTER
+    if delta < -TOLERANCE:
+        return WORSE
+    return SAME
+
+
+def _values(frame: pd.DataFrame, metric: str) -> pd.Series | None:
+    """The metric's column (all-gold from recall 1 in tables logged before its column)."""
+    if metric in frame.columns:
+        return pd.to_numeric(frame[metric], errors="coerce")
+    if metric == "all_gold_at_k" and "recall_at_k" in frame.columns:
+        recall = pd.to_numeric(frame["recall_at_k"], errors="coerce")
+        return (recall >= 1.0).astype(float).mask(recall.isna())
+    return None
+
+
+def filtered(
+    frame: pd.DataFrame,
+    sets: Collection[str] = (),
+    types: Collection[str] = (),
+    tags: Collection[str] = (),
+    changes: Collection[str] = (),
+) -> pd.DataFrame:
+    """The rows in the chosen sets, types and changes that carry a chosen tag in either run
+    (an empty choice keeps everything)."""
+    keep = pd.Series(True, index=frame.index)
+    if sets:
+        keep &= frame["set"].astype(str).isin(sets)
+    if types:
+        keep &= frame["query_type"].astype(str).isin(types)
+    if tags:
+        wanted = set(tags)
+        pairs = zip(frame["tags_a"], frame["tags_b"], strict=True)
+        keep &= pd.Series([bool(wanted & {*a, *b}) for a, b in pairs], index=frame.index)
+    if changes:
+        keep &= frame["change"].isin(changes)
+    return frame[keep]
+
+
+def ordered(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows by change (worse first, as `CHANGES`), then set and question id."""
+    rank = frame["change"].map({change: i for i, change in enumerate(CHANGES)})
+    order = frame.assign(_rank=rank).sort_values(["_rank", "set", "question_id"], kind="stable")
+    return order.drop(columns="_rank")
+
+
+def counts(frame: pd.DataFrame) -> dict[str, int]:
+    """How many rows got worse, better, stayed the same or were not scored."""
+    found = frame["change"].value_counts()
+    return {change: int(found.get(change, 0)) for change in CHANGES}
+
+
+def single_questions(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows that are questions of their own: a turn of a conversation cannot be asked
+    without the turns before it, so it is left out of an exported set."""
+    if "case_id" not in frame.columns:
+        return frame
+    alone = frame["case_id"].astype(str) == frame["question_id"].astype(str)
+    return frame[alone]
+
+
+def as_dataset(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """The rows as question-set items (`experiments.questions.GoldQuestion`): id, question,
+    gold answer and passages, hops, books, type and set. A run's table keeps neither the
+    reference text nor answer aliases, so those are left empty; a question asked in several
+    repeats is written once."""
+    items: dict[str, dict[str, Any]] = {}
+    for row in single_questions(frame).to_dict("records"):
+        gold = _gold(row.get("gold_ids"))
+        items.setdefault(
+            str(row["question_id"]),
+            {
+                "id": str(row["question_id"]),
+                "question": str(row["question"]),
+                "answer": str(row.get("gold_answer") or ""),
+                "gold_passages": gold,
+                "hops": len(gold),
+                "books": list(dict.fromkeys(p.split("/")[0] for p in gold)),
+                "query_type": str(row["query_type"]),
+                "set": str(row.get("set") or ""),
+            },
+        )
+    return list(items.values())
+
+
+def to_jsonl(items: Iterable[dict[str, Any]]) -> str:
+    """One JSON object a line, as the question files are written."""
+    return "".join(json.dumps(item, ensure_ascii=False) + "\n" for item in items)
+
+
+def _gold(value: Any) -> list[str]:
+    if isinstance(value, str):
+        value = json.loads(value) if value.strip() else []
+    return [str(v) for v in value] if isinstance(value, list | tuple) else []

@@ -1,0 +1,125 @@
+"""Failure tags on hand-built question rows: one rule per tag, as the harness logs rows."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from experiments.evaluate import QuestionRow
+from experiments.scoring.failures import (
+    BUDGET_STOP,
+    ERROR,
+    PARSE_FAILURE,
+    QUERY_DRIFT,
+    STOPPED_EARLY,
+    TIMEOUT,
+    drift,
+    failure_tags,
+    overlap,
+)
+
+QUESTION = "How many swings does the multi attack maneuver make with a veteran trainer?"
+
+
+def hop(number: int, queries: list[str], found: list[str], **fields: Any) -> dict[str, Any]:
+    """One hop of a trace as `HopTrace.model_dump()` writes it."""
+    documents = [
+        {"passage_id": p, "book_id": p.split("/")[0], "page": 1, "score": 1.0, "new": True}
+        for p in found
+    ]
+    return {"hop": number, "queries": queries, "documents": documents, **fields}
+
+
+def analyzed(sufficient: bool, queries: list[str] | None = None) -> dict[str, Any]:
+    return {"sufficient": sufficient, "reasoning": "", "new_queries": queries or []}
+
+
+def row(trace: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
+    """A table row (`QuestionRow.record()`: trace, calls and gold as JSON text)."""
+    base: dict[str, Any] = {
+        "case_id": "q-1", "question_id": "q-1", "set": "s", "query_type": "factual", "turn": 1,
+        "question": QUESTION, "gold_answer": "3", "gold_ids": ["a/x", "b/y"], "trace": trace,
+    }  # fmt: skip
+    base.update(fields)
+    return QuestionRow(**base).record()
+
+
+def test_a_clean_multi_hop_row_has_no_tag() -> None:
+    trace = [
+        hop(1, [QUESTION], ["a/x"], decision=analyzed(False, ["veteran trainer swings"])),
+        hop(2, ["veteran trainer swings"], ["b/y"], decision=analyzed(True)),
+    ]
+    assert failure_tags(row(trace)) == []
+
+
+def test_analyzer_stopped_early_when_it_said_sufficient_with_gold_missing() -> None:
+    trace = [hop(1, [QUESTION], ["a/x", "c/z"], decision=analyzed(True))]
+    assert failure_tags(row(trace)) == [STOPPED_EARLY]
+    # the same decision with every gold passage retrieved is right to stop
+    assert failure_tags(row(trace, gold_ids=["a/x"])) == []
+    # a question without gold passages (unanswerable) cannot be stopped early
+    assert failure_tags(row(trace, gold_ids=[])) == []
+    # adaptive's own "sufficient" decision counts too
+    adaptive = [hop(1, [QUESTION], ["a/x"], adaptive_decision="sufficient", depth=1)]
+    assert STOPPED_EARLY in failure_tags(row(adaptive))
+
+
+def test_query_drift_when_a_query_shares_little_with_the_question() -> None:
+    wandering = "fireball spell damage against undead in darkness"
+    trace = [
+        hop(1, [QUESTION], ["a/x"], decision=analyzed(False, [wandering])),
+        hop(2, [wandering], ["b/y"], decision=analyzed(True)),
+    ]
+    assert overlap(wandering, QUESTION) == 0.0
+    assert failure_tags(row(trace)) == [QUERY_DRIFT]
+    # a hop query drawn from the question's words does not drift
+    close = "veteran trainer multi attack swings"
+    assert overlap(close, QUESTION) == 1.0
+    assert drift(row([hop(1, [QUESTION, close], ["a/x", "b/y"])])) == 1.0
+    # the rewrite is held against the question: a follow-up keeps its words
+    follow = row([hop(1, ["level 3 Arcane Aptitude cost"], ["a/x", "b/y"])])
+    follow.update(question="And at level 3?", main_question="What does Arcane Aptitude cost at 3?")
+    assert QUERY_DRIFT not in failure_tags(follow)
+    follow.update(main_question="Which weapons may a dwarf wield?")
+    assert failure_tags(follow) == [QUERY_DRIFT]
+
+
+@pytest.mark.parametrize(
+    ("last", "expected"),
+    [
+        ({"decision": analyzed(False, ["more"])}, [BUDGET_STOP]),  # wanted a hop, none left
+        ({"adaptive_decision": "budget_exhausted:chunks", "depth": 2}, [BUDGET_STOP]),
+        ({"adaptive_decision": "budget_exhausted:timeout", "depth": 2}, [TIMEOUT]),
+        ({"adaptive_decision": "increase_depth", "depth": 2}, []),
+    ],
+)
+def test_budget_stop_from_the_stop_reason(last: dict[str, Any], expected: list[str]) -> None:
+    trace = [hop(1, [QUESTION], ["a/x", "b/y"], **last)]
+    assert failure_tags(row(trace)) == expected
+
+
+def test_timeout_and_error_for_a_question_that_ran_out_of_time() -> None:
+    failed = row([], status="failed", error="timed out after 120s")
+    assert failure_tags(failed) == [TIMEOUT, ERROR]
+    call = {"step": "generate", "model": "m", "error": "LLMTimeoutError: no reply within 30s"}
+    assert failure_tags(row([], calls=[call])) == [TIMEOUT]
+
+
+def test_parse_failure_from_a_call_that_never_parsed() -> None:
+    call = {"step": "analyze", "model": "m", "attempts": 3, "error": "unparseable reply: bad JSON"}
+    assert failure_tags(row([hop(1, [QUESTION], ["a/x", "b/y"])], calls=[call])) == [PARSE_FAILURE]
+    retried = {"step": "analyze", "model": "m", "attempts": 2, "error": None}  # parsed at last
+    assert failure_tags(row([hop(1, [QUESTION], ["a/x", "b/y"])], calls=[retried])) == []
+    failed = row([], status="failed", error="StepFailedError: SufficiencyDecision never parsed")
+    assert failure_tags(failed) == [PARSE_FAILURE, ERROR]
+
+
+def test_rows_read_back_from_a_table_or_unreadable() -> None:
+    trace = [hop(1, [QUESTION], ["a/x"], decision=analyzed(True))]
+    logged = row(trace)
+    assert isinstance(logged["trace"], str)  # JSON text, as MLflow keeps it
+    as_lists = {**logged, "trace": trace, "gold_ids": json.loads(logged["gold_ids"])}
+    assert failure_tags(logged) == failure_tags(as_lists) == [STOPPED_EARLY]
+    assert failure_tags({"question": QUESTION, "trace": "not json", "status": "ok"}) == []
