@@ -170,20 +170,16 @@ def sliced_runs(
     """The runs frame (one row per run, metric columns) with each metric, its coverage and
     `questions` recomputed on one slice from the run's per-question table (`tables`, by run id).
     A run without a table, or without questions in the slice, gets no values (shown as —)."""
-    out = runs.copy()
     names = [*metrics, *(f"{m}.coverage" for m in metrics), QUESTIONS]
-    for name in names:
-        out[name] = float("nan")
-    for index, run_id in zip(out.index, out["run_id"].astype(str), strict=True):
+    found: dict[Any, dict[Any, Any]] = {}
+    for index, run_id in zip(runs.index, runs["run_id"].astype(str), strict=True):
         table = tables.get(run_id)
-        if table is None:
-            continue
-        means = slice_means(table, metrics, by)
-        if key not in means.index:
-            continue
-        for name in names:
-            if name in means.columns:
-                out.at[index, name] = float(means.at[key, name])
+        means = slice_means(table, metrics, by) if table is not None else pd.DataFrame()
+        if key in means.index:
+            found[index] = means.loc[key].to_dict()
+    values = pd.DataFrame.from_dict(found, orient="index", dtype=float)
+    out = runs.copy()
+    out[names] = values.reindex(index=runs.index, columns=names)
     return out
 
 

@@ -9,10 +9,13 @@ import pytest
 from mlflow.utils.validation import validate_param_and_metric_name
 
 from experiments.slices import (
+    keys_of,
     metric_name,
     question_type,
+    rows_in,
     slice_means,
     slice_metrics,
+    sliced_runs,
 )
 
 
@@ -103,3 +106,17 @@ def test_tables_without_keys_have_no_slices() -> None:
     assert slice_means(pd.DataFrame(), ["recall_at_k"]).empty
     assert slice_means(pd.DataFrame({"recall_at_k": [1.0]}), ["recall_at_k"], "gold_hops").empty
     assert slice_metrics(pd.DataFrame({"recall_at_k": [1.0]})) == {}
+
+
+def test_runs_are_recomputed_on_one_slice(table: pd.DataFrame) -> None:
+    runs = pd.DataFrame(
+        {"run_id": ["a", "b", "c"], "recall_at_k": [0.9, 0.8, 0.7], "questions": [5, 5, 5]}
+    )
+    other = table.assign(recall_at_k=table["recall_at_k"] / 2)
+    sliced = sliced_runs(runs, {"a": table, "b": other}, "set", "cross_book", ["recall_at_k"])
+    assert list(sliced["recall_at_k"][:2]) == pytest.approx([0.75, 0.375])
+    assert list(sliced["questions"][:2]) == [3, 3]
+    assert sliced["recall_at_k.coverage"][0] == pytest.approx(2 / 3)
+    assert pd.isna(sliced["recall_at_k"][2]) and pd.isna(sliced["questions"][2])  # no table
+    assert keys_of({"a": table}, "gold_hops") == ["0", "1", "2"]
+    assert len(rows_in(table, "type", "decision")) == 2
