@@ -122,6 +122,13 @@ def test_compare_sliced_to_cross_book(
     assert prompt.locator("th, td").nth(column).inner_text().strip() == expected
     assert page.locator(".js-plotly-plot").first.is_visible()
     shoot(page, "compare-cross_book")
+    page.get_by_text("USD / question", exact=True).click()
+    settle(page)
+    scatter = page.locator(".js-plotly-plot").first
+    scatter.locator(".xtick text", has_text="$").first.wait_for(state="attached")
+    ticks = scatter.locator(".xtick text").all_text_contents()
+    assert ticks and all(t.startswith("$0.000") for t in ticks), ticks
+    scatter.screenshot(path=str(SHOTS / "slices-cost-usd-axis.png"))
 
 
 def shoot(page: Page, name: str) -> None:
