@@ -68,7 +68,8 @@ def test_runs_page_shows_picked_metrics_rounded_at_1440(
     routing_store: Store,
 ) -> None:
     page = wide(browser, app, "4 of 4 runs")
-    page.locator("[data-testid='stDataFrame'] [role='columnheader']").first.wait_for(state="attached")
+    grid = page.locator("[data-testid='stDataFrame'] [role='columnheader']")
+    grid.first.wait_for(state="attached")  # the grid's accessible copy is hidden
     assert headers(page)[: len(DEFAULT_HEADERS)] == DEFAULT_HEADERS
     runs = logged(routing_store)
     labels = column_cells(page, "run")
