@@ -17,9 +17,10 @@ from caprag.config import PROJECT_ROOT
 from experiments.calibration import expected_calibration_error, reliability
 from experiments.oracle import OracleError, oracle_routing
 from experiments.oracle import markdown as oracle_markdown
-from experiments.runs import LoadedRun, connect, distinct_labels, load_run, per_set
+from experiments.runs import LoadedRun, connect, distinct_labels, load_run
 from experiments.significance import compare_runs, render_table
-from experiments.tables import compare_table, fmt_cell, markdown_table
+from experiments.summary import slice_sections
+from experiments.tables import compare_table
 
 REPORTS = PROJECT_ROOT / "reports"
 SET_METRICS = [
@@ -27,6 +28,7 @@ SET_METRICS = [
     "all_gold_at_k",
     "mrr",
     "correct_refusal",
+    "false_refusal",
     "f1",
     "hops",
     "llm_calls",
@@ -191,24 +193,7 @@ def write_report(
         compare_table([(r.label, r.metrics, r.coverage()) for r in runs]),
         "",
     ]
-    rows = []
-    for run in runs:
-        for set_name, values in per_set(run, SET_METRICS).iterrows():
-            rows.append(
-                [
-                    run.label,
-                    str(set_name),
-                    f"{values['questions']:.0f}",
-                    *[fmt_cell(values.get(m)) for m in SET_METRICS],
-                ]
-            )
-    if rows:
-        lines += [
-            "## By question set",
-            "",
-            markdown_table(["run", "set", "questions", *SET_METRICS], rows),
-            "",
-        ]
+    lines += slice_sections(runs, SET_METRICS)
     lines += oracle_section(runs)
     if baseline is not None:
         lines += baseline_section(runs, baseline)

@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 
 from experiments import tracking
+from experiments.slices import Dimension, slice_means
 from experiments.tracking import mlflow
 
 
@@ -96,16 +97,10 @@ def latest_sweep(experiment_id: str) -> list[str]:
     return [c.info.run_id for c in children]
 
 
-def per_set(run: LoadedRun, metrics: list[str]) -> pd.DataFrame:
-    """Metric means by question set (ok questions only), with the number of questions."""
-    frame = run.questions
-    if frame.empty:
-        return pd.DataFrame()
-    ok = frame[frame["status"] == "ok"]
-    present = [m for m in metrics if m in ok.columns]
-    grouped = ok.groupby("set")[present].mean()
-    grouped["questions"] = frame.groupby("set").size()
-    return grouped
+def per_set(run: LoadedRun, metrics: list[str], by: Dimension = "set") -> pd.DataFrame:
+    """Metric means by question set (or type, gold hops: `experiments.slices`), ok questions
+    only, with the number of questions."""
+    return slice_means(run.questions, metrics, by)
 
 
 def hop_trace(row: pd.Series) -> list[dict[str, Any]]:

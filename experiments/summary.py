@@ -4,12 +4,41 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 
-from experiments.runs import connect, distinct_labels, latest_sweep, load_run, per_set
-from experiments.tables import compare_table, fmt_cell, markdown_table
+from experiments.runs import LoadedRun, connect, distinct_labels, latest_sweep, load_run, per_set
+from experiments.slices import DIMENSION_LABELS, DIMENSIONS
+from experiments.tables import compare_table, fmt, markdown_table
 from experiments.tracking import tracking_uri
 
-SET_METRICS = ["recall_at_k", "all_gold_at_k", "f1", "hops", "tokens", "latency_s"]
+SET_METRICS = ["recall_at_k", "all_gold_at_k", "f1", "hops", "tokens", "cost_usd", "latency_s"]
+
+
+def slice_sections(runs: Sequence[LoadedRun], metrics: Sequence[str]) -> list[str]:
+    """'## By question set' (and type, gold hops) with a Markdown table each: one row per run
+    and slice. A type or gold-hops breakdown where no run has two slices is left out (it would
+    repeat the table of all questions)."""
+    lines: list[str] = []
+    for by in DIMENSIONS:
+        tables = [(run, per_set(run, list(metrics), by)) for run in runs]
+        if by != "set" and all(len(table) < 2 for _, table in tables):
+            continue
+        rows = [
+            [run.label, str(key), f"{values['questions']:.0f}"]
+            + [_cell(values.get(m), m) for m in metrics]
+            for run, table in tables
+            for key, values in table.iterrows()
+        ]
+        if rows:
+            header = ["run", DIMENSION_LABELS[by], "questions", *metrics]
+            lines += [f"## By {DIMENSION_LABELS[by]}", "", markdown_table(header, rows), ""]
+    return lines
+
+
+def _cell(value: object, metric: str) -> str:
+    if value is None or not isinstance(value, int | float) or value != value:
+        return "—"
+    return fmt(float(value), metric)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,21 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     distinct_labels(runs)
     print("\n## All questions\n")
     print(compare_table([(r.label, r.metrics, r.coverage()) for r in runs]))
-    rows = []
-    for run in runs:
-        table = per_set(run, SET_METRICS)
-        for set_name, values in table.iterrows():
-            rows.append(
-                [
-                    run.label,
-                    str(set_name),
-                    f"{values['questions']:.0f}",
-                    *[fmt_cell(values.get(m)) for m in SET_METRICS],
-                ]
-            )
-    if rows:
-        print("\n## By question set\n")
-        print(markdown_table(["run", "set", "questions", *SET_METRICS], rows))
+    sections = slice_sections(runs, SET_METRICS)
+    if sections:
+        print("\n" + "\n".join(sections).rstrip())
     uri = tracking_uri()
     print(
         "\nRuns: "

@@ -23,6 +23,7 @@ disable_telemetry()
 import mlflow  # noqa: E402  (after the telemetry opt-out)
 
 from experiments.evaluate import Aggregate, QuestionRow  # noqa: E402
+from experiments.slices import slice_metrics  # noqa: E402
 
 DEFAULT_URI = f"sqlite:///{PROJECT_ROOT / 'mlruns.db'}"
 TABLE = "questions.json"
@@ -179,20 +180,25 @@ def log_config(config: Mapping[str, Any]) -> None:
 def log_results(
     rows: Sequence[QuestionRow], aggregates: Mapping[str, Aggregate], summary: Mapping[str, float]
 ) -> None:
-    """Means and coverage as metrics, recall per hop as a stepped metric, rows as a table."""
+    """Means and coverage as metrics, the main ones per slice (`recall_at_k/cross_book`,
+    `recall_at_k/type/bridge`: experiments.slices), recall per hop as a stepped metric, rows as a
+    table."""
     metrics: dict[str, float] = dict(summary)
     for name, agg in aggregates.items():
         if agg.mean is not None:
             metrics[name] = agg.mean
         metrics[f"{name}.coverage"] = agg.n / agg.total if agg.total else 0.0
+    records = redact_records([row.record() for row in rows])
+    table = _frame(records) if records else None
+    if table is not None:
+        metrics.update(slice_metrics(table))
     mlflow.log_metrics(metrics)
     for hop in range(1, 4):
         hop_agg = aggregates.get(f"recall_hop{hop}")
         if hop_agg is not None and hop_agg.mean is not None:
             mlflow.log_metric("recall_cumulative", hop_agg.mean, step=hop)
-    records = redact_records([row.record() for row in rows])
-    if records:
-        mlflow.log_table(_frame(records), artifact_file=TABLE)
+    if table is not None:
+        mlflow.log_table(table, artifact_file=TABLE)
     mlflow.log_dict(
         {
             name: {"mean": a.mean, "n": a.n, "total": a.total, "missing": a.missing_reasons}

@@ -1,6 +1,14 @@
-"""Plotly figures of the Compare page, built from the frames in data.py."""
+"""Plotly figures of the Compare page, built from the frames in data.py.
+
+Every chart colours a run by its strategy (`strategy_colour`: one mapping for every page, so a
+strategy keeps its colour whatever is selected); runs of the same strategy differ by line dash or
+bar pattern. USD axes read as dollars ("$0.0003").
+"""
 
 from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
 
 import pandas as pd
 import plotly.express as px
@@ -9,23 +17,110 @@ import plotly.graph_objects as go
 from experiments.dashboard.data import COST, QUALITY, pareto_front
 from experiments.oracle import ORACLE
 
+STRATEGY_COLOURS = {
+    "single": "#1f77b4",
+    "multi-question": "#ff7f0e",
+    "multi-hop": "#2ca02c",
+    "adaptive": "#9467bd",
+}
+"""The shipped strategies' colours (Plotly's D3 palette)."""
+OTHER_COLOURS = ("#d62728", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
+"""Colours of other strategies, picked by a hash of the name (stable across sessions)."""
+UNKNOWN_COLOUR = "#555555"
+DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+PATTERNS = ("", "/", "x", ".", "\\", "+")
+USD_TICKS = ",.6~f"
+"""Dollar amounts as plain decimals, trailing zeros cut: $0.0003, $0.00125, $1.5."""
+
+
+def strategy_colour(strategy: str) -> str:
+    """The colour of a strategy on every chart of every page."""
+    if strategy in STRATEGY_COLOURS:
+        return STRATEGY_COLOURS[strategy]
+    if not strategy or strategy == "?":
+        return UNKNOWN_COLOUR
+    digest = int(hashlib.sha256(strategy.encode()).hexdigest(), 16)
+    return OTHER_COLOURS[digest % len(OTHER_COLOURS)]
+
+
+def run_colours(strategy_of: Mapping[str, str]) -> dict[str, str]:
+    """Run label → the colour of its strategy."""
+    return {label: strategy_colour(strategy) for label, strategy in strategy_of.items()}
+
+
+def repeat_index(strategy_of: Mapping[str, str]) -> dict[str, int]:
+    """Run label → 0 for the first run of its strategy, 1 for the second… (in label order)."""
+    seen: dict[str, int] = {}
+    index = {}
+    for label in sorted(strategy_of):
+        strategy = strategy_of[label]
+        index[label] = seen.get(strategy, 0)
+        seen[strategy] = index[label] + 1
+    return index
+
+
+def _key(name: str, symbol: str, colour: str) -> go.Scatter:
+    """A legend entry with no point: a strategy's colour, or what a marker shape means."""
+    return go.Scatter(
+        x=[None],
+        y=[None],
+        mode="markers",
+        name=name,
+        legendgroup=name,
+        marker={"symbol": symbol, "color": colour, "size": 11, "line": {"width": 2}},
+    )
+
+
+def _money_axis(fig: go.Figure, axis: str = "x") -> None:
+    update = fig.update_xaxes if axis == "x" else fig.update_yaxes
+    update(tickprefix="$", tickformat=USD_TICKS, exponentformat="none")
+
 
 def cost_quality(runs: pd.DataFrame, cost: str, quality: str, selected: list[str]) -> go.Figure:
-    """Each run as a point (cost vs quality), the Pareto front as a line, selected runs ringed."""
+    """Each run as a point (cost vs quality) in its strategy's colour: runs on the Pareto front
+    filled with a dark outline, the others open rings; the front as a line; selected runs
+    larger."""
     frame = runs.dropna(subset=[cost, quality]).copy()
-    frame["selected"] = frame["run_id"].isin(selected).map({True: "selected", False: "other"})
-    fig = px.scatter(
-        frame,
-        x=cost,
-        y=quality,
-        color="strategy",
-        symbol="selected",
-        symbol_map={"selected": "circle-open-dot", "other": "circle"},
-        hover_name="label",
-        hover_data={"dataset": True, "llm": True, "run_id": True},
-        labels={cost: COST.get(cost, cost), quality: QUALITY.get(quality, quality)},
-    )
-    front = frame[pareto_front(frame, cost, quality)].sort_values(cost)
+    frame["on_front"] = pareto_front(frame, cost, quality)
+    frame["is_selected"] = frame["run_id"].isin(selected)
+    money = cost == "cost_usd"
+    x_hover = "$%{x:.6~f}" if money else "%{x:,.0f}"
+    fig = go.Figure()
+    for strategy in sorted(frame["strategy"].astype(str).unique()):
+        colour = strategy_colour(strategy)
+        fig.add_trace(_key(strategy, "square", colour))
+        for on_front in (True, False):
+            part = frame[
+                (frame["strategy"].astype(str) == strategy) & (frame["on_front"] == on_front)
+            ]
+            if part.empty:
+                continue
+            fig.add_trace(
+                go.Scatter(
+                    x=part[cost],
+                    y=part[quality],
+                    mode="markers",
+                    name=strategy,
+                    legendgroup=strategy,
+                    showlegend=False,
+                    customdata=part[["label", "dataset", "llm", "run_id"]].astype(str).to_numpy(),
+                    hovertemplate="<b>%{customdata[0]}</b><br>"
+                    + f"{COST.get(cost, cost)}: {x_hover}<br>"
+                    + f"{QUALITY.get(quality, quality)}: %{{y:.3f}}<br>"
+                    + ("on the Pareto front" if on_front else "dominated")
+                    + "<br>dataset %{customdata[1]} · llm %{customdata[2]}"
+                    + "<br>run %{customdata[3]}<extra></extra>",
+                    marker={
+                        "color": colour,
+                        "symbol": "circle" if on_front else "circle-open",
+                        "size": [16 if s else 12 for s in part["is_selected"]],
+                        "line": {"color": "#222222", "width": 1.5}
+                        if on_front
+                        else {"color": colour, "width": 3},
+                    },
+                )
+            )
+    front = frame[frame["on_front"]].sort_values(cost)
     fig.add_trace(
         go.Scatter(
             x=front[cost],
@@ -36,9 +131,34 @@ def cost_quality(runs: pd.DataFrame, cost: str, quality: str, selected: list[str
             hoverinfo="skip",
         )
     )
-    fig.update_traces(marker={"size": 11})
-    fig.update_layout(height=420, legend_title_text="")
+    fig.add_trace(_key("on the front (filled)", "circle", "#444444"))
+    fig.add_trace(_key("dominated (ring)", "circle-open", "#444444"))
+    fig.update_layout(
+        height=420,
+        legend_title_text="",
+        xaxis_title=COST.get(cost, cost),
+        yaxis_title=QUALITY.get(quality, quality),
+    )
+    if money:
+        _money_axis(fig)
     return fig
+
+
+def _by_run(fig: go.Figure, strategy_of: Mapping[str, str], kind: str) -> None:
+    """Colour each trace (named by its run label) by strategy; repeats of a strategy get a
+    dash (`kind` line) or a bar pattern (`kind` bar)."""
+    repeats = repeat_index(strategy_of)
+    for trace in fig.data:
+        label = str(trace.name)
+        colour = strategy_colour(strategy_of.get(label, "?"))
+        again = repeats.get(label, 0)
+        if kind == "line":
+            trace.update(line={"color": colour, "dash": DASHES[again % len(DASHES)]})
+            trace.update(marker={"color": colour})
+        else:
+            trace.update(
+                marker={"color": colour, "pattern": {"shape": PATTERNS[again % len(PATTERNS)]}}
+            )
 
 
 def recall_per_hop(curve: pd.DataFrame) -> go.Figure:
@@ -48,10 +168,10 @@ def recall_per_hop(curve: pd.DataFrame) -> go.Figure:
         x="hop",
         y="recall",
         color="label",
-        line_dash="strategy",
         markers=True,
         labels={"recall": "cumulative gold recall", "label": "run"},
     )
+    _by_run(fig, dict(zip(curve["label"], curve["strategy"], strict=True)), "line")
     fig.update_xaxes(dtick=1)
     fig.update_yaxes(range=[0, 1.02])
     fig.update_layout(height=380, legend={"orientation": "h", "y": -0.25})
@@ -59,17 +179,20 @@ def recall_per_hop(curve: pd.DataFrame) -> go.Figure:
 
 
 def hop_histogram(hops: pd.DataFrame) -> go.Figure:
-    """How many questions took 1, 2, 3 … hops, bars grouped by run."""
+    """How many questions took 1, 2, 3 … hops, bars grouped by run (columns label, strategy,
+    hops)."""
     fig = px.histogram(
         hops, x="hops", color="label", barmode="group", labels={"label": "run", "hops": "hops"}
     )
+    _by_run(fig, dict(zip(hops["label"], hops["strategy"], strict=True)), "bar")
     fig.update_xaxes(dtick=1)
     fig.update_layout(height=380, yaxis_title="questions", legend={"orientation": "h", "y": -0.25})
     return fig
 
 
 def calibration(table: pd.DataFrame) -> go.Figure:
-    """Reliability diagram: bucket mean confidence vs observed success, one line per run."""
+    """Reliability diagram: bucket mean confidence vs observed success, one line per run
+    (columns label, strategy and those of `experiments.calibration.reliability`)."""
     fig = px.line(
         table,
         x="mean_confidence",
@@ -79,14 +202,16 @@ def calibration(table: pd.DataFrame) -> go.Figure:
         hover_data=["bucket", "questions"],
         labels={"mean_confidence": "confidence", "success_rate": "all gold passages retrieved"},
     )
+    _by_run(fig, dict(zip(table["label"], table["strategy"], strict=True)), "line")
     fig.add_shape(type="line", x0=0, y0=0, x1=1, y1=1, line={"dash": "dash", "color": "grey"})
     fig.update_xaxes(range=[0, 1])
     fig.update_yaxes(range=[0, 1.05])
     return fig
 
 
-def oracle(summary: pd.DataFrame, cost: str) -> go.Figure:
-    """Total cost vs mean recall@k of each run, and of the perfect router as a star."""
+def oracle(summary: pd.DataFrame, cost: str, strategy_of: Mapping[str, str]) -> go.Figure:
+    """Total cost (`cost`: 'USD' or 'tokens') vs mean recall@k of each run (label → strategy in
+    `strategy_of`), and of the perfect router as a star."""
     runs = summary[summary["run"] != ORACLE]
     router = summary[summary["run"] == ORACLE]
     fig = px.scatter(
@@ -97,6 +222,8 @@ def oracle(summary: pd.DataFrame, cost: str) -> go.Figure:
         hover_data={"routed": True, "saves": ":.1%"},
         labels={"total": f"total {cost}", "recall": "mean gold-passage recall@k"},
     )
+    for trace in fig.data:
+        trace.update(marker={"color": strategy_colour(strategy_of.get(str(trace.name), "?"))})
     fig.add_trace(
         go.Scatter(
             x=router["total"],
@@ -109,4 +236,6 @@ def oracle(summary: pd.DataFrame, cost: str) -> go.Figure:
     fig.update_traces(selector={"mode": "markers"}, marker_size=14)
     fig.update_yaxes(range=[0, 1.05])
     fig.update_layout(height=400, legend_title_text="", legend={"orientation": "h", "y": -0.25})
+    if cost == "USD":
+        _money_axis(fig)
     return fig

@@ -29,6 +29,18 @@ from experiments.dashboard.data import (
 from experiments.dashboard.trace_view import render_trace
 from experiments.oracle import OracleError, oracle_routing
 from experiments.significance import PairingError
+from experiments.slices import (
+    DIMENSION_LABELS,
+    SLICE_METRICS,
+    Dimension,
+    keys_of,
+    rows_in,
+    sliced_runs,
+)
+from experiments.tables import SHOWN
+
+# The metrics recomputed on a slice: every one the metrics table shows, and tokens.
+SLICED = [*(name for name, _ in SHOWN), "tokens"]
 
 
 def render_savings(
@@ -130,7 +142,9 @@ def render_deeper(run: pd.Series, table: pd.DataFrame, chosen: list[str]) -> Non
 COST_SAVED = {"tokens": "tokens", "cost_usd": "cost"}
 
 
-def render_oracle(tables: dict[str, pd.DataFrame], labels: dict[str, str]) -> None:
+def render_oracle(
+    tables: dict[str, pd.DataFrame], labels: dict[str, str], strategy_of: dict[str, str]
+) -> None:
     """The perfect router over the selected runs: per question the cheapest run at the best
     recall@k any of them reached; its total cost and recall beside each run's."""
     st.caption(
@@ -191,7 +205,7 @@ def render_oracle(tables: dict[str, pd.DataFrame], labels: dict[str, str]) -> No
             ),
         },
     )
-    st.plotly_chart(charts.oracle(summary, COST_TOTAL[cost]), key="oracle_chart")
+    st.plotly_chart(charts.oracle(summary, COST_TOTAL[cost], strategy_of), key="oracle_chart")
     with st.expander(f"Per question: the run the oracle picks ({result.questions})"):
         st.dataframe(
             result.choices.reset_index(),
@@ -223,9 +237,49 @@ for _, run in picked.iterrows():
     if warning:
         st.warning(warning)
 
+tables: dict[str, pd.DataFrame] = {}
+for _, run in picked.iterrows():
+    table = selection.load_questions(run)
+    if table is not None:
+        tables[str(run["run_id"])] = table
+strategy_of = dict(zip(picked["label"], picked["strategy"].astype(str), strict=True))
+
 st.header("Metrics")
+ALL = "All questions"
+SLICE_BY = {ALL: None, **{f"By {name}": by for by, name in DIMENSION_LABELS.items()}}
+s1, s2 = st.columns([2, 1])
+dim: Dimension | None = SLICE_BY[s1.radio("Slice", list(SLICE_BY), horizontal=True, key="slice_by")]
+keys: list[str] = keys_of(tables, dim) if dim is not None else []
+key: str | None = None
+if dim is not None and not keys:
+    s2.info(f"These runs' per-question tables have no {DIMENSION_LABELS[dim]}.")
+elif dim is not None:
+    key = s2.selectbox(
+        DIMENSION_LABELS[dim].capitalize(),
+        keys,
+        index=keys.index("cross_book") if "cross_book" in keys else 0,
+        key=f"slice_{dim}",
+    )
+sliced_tables, shown_runs = tables, picked
+if dim is not None and key is not None:
+    sliced_tables = {rid: rows_in(t, dim, key) for rid, t in tables.items()}
+    shown_runs = sliced_runs(picked, tables, dim, key, SLICED)
+    no_table = [labels[r] for r in chosen if r not in tables]
+    st.caption(
+        f"{DIMENSION_LABELS[dim]} **{key}**: every number and chart below down to the oracle is "
+        "computed on these questions only, from each run's per-question table"
+        + (f" (no table, shown as —: {', '.join(no_table)})" if no_table else "")
+    )
 st.caption("value (questions with a value / all questions) where a metric is not defined for all")
-st.table(metric_table(picked))
+st.table(metric_table(shown_runs))
+if dim is not None and keys:
+    with st.expander(f"Every {DIMENSION_LABELS[dim]} side by side (main metrics)"):
+        main = [(m, n) for m, n in SHOWN if m in SLICE_METRICS]
+        grouped = pd.concat(
+            {k: metric_table(sliced_runs(picked, tables, dim, k, SLICED), main) for k in keys},
+            names=[DIMENSION_LABELS[dim], "metric"],
+        )
+        st.dataframe(grouped.reset_index(), hide_index=True, key="slice_grouped")
 
 st.header("Cost vs quality")
 c1, c2, c3 = st.columns(3)
@@ -233,30 +287,29 @@ cost = c1.radio("Cost", list(COST), format_func=COST.__getitem__, horizontal=Tru
 quality = c2.radio(
     "Quality", list(QUALITY), format_func=QUALITY.__getitem__, horizontal=True, key="quality"
 )
-scope = c3.radio("Runs shown", ["selected", "all"], horizontal=True, key="scope")
+scope = c3.radio(
+    "Runs shown", ["selected", "all"], horizontal=True, key="scope", disabled=dim is not None,
+    help="A slice is computed from per-question tables: only the selected runs are sliced",
+)  # fmt: skip
 points = picked if scope == "selected" else runs
+if dim is not None:
+    points = shown_runs
 if {cost, quality} <= set(points.columns) and points[[cost, quality]].notna().all(axis=1).any():
     st.plotly_chart(charts.cost_quality(points, cost, quality, chosen), key="scatter")
 else:
     st.info(f"No run here has both `{cost}` and `{quality}` logged.")
 
 st.header("Cumulative gold-passage recall per hop")
-curve = recall_curve(picked)
+curve = recall_curve(shown_runs)
 if curve.empty:
     st.info("These runs logged no per-hop recall (recall_hop1…3).")
 else:
     st.plotly_chart(charts.recall_per_hop(curve), key="recall_curve")
 
-tables: dict[str, pd.DataFrame] = {}
-for _, run in picked.iterrows():
-    table = selection.load_questions(run)
-    if table is not None:
-        tables[str(run["run_id"])] = table
-
 st.header("Hops per question")
 hops = [
-    pd.DataFrame({"label": labels[rid], "hops": t["hops"]})
-    for rid, t in tables.items()
+    pd.DataFrame({"label": labels[rid], "strategy": strategy_of[labels[rid]], "hops": t["hops"]})
+    for rid, t in sliced_tables.items()
     if "hops" in t.columns
 ]
 if hops:
@@ -265,7 +318,7 @@ else:
     st.info("No per-question hop counts for these runs.")
 
 calibrated = {
-    rid: t for rid, t in tables.items() if {"confidence", "context_recall"} <= set(t.columns)
+    rid: t for rid, t in sliced_tables.items() if {"confidence", "context_recall"} <= set(t.columns)
 }
 if calibrated:
     st.header("Calibration (adaptive confidence)")
@@ -274,7 +327,7 @@ if calibrated:
     for rid, t in calibrated.items():
         ok = t[(t["status"] == "ok") & t["confidence"].notna() & t["context_recall"].notna()]
         table = reliability(ok["confidence"], (ok["context_recall"] == 1.0).astype(float))
-        frames.append(table.assign(label=labels[rid]))
+        frames.append(table.assign(label=labels[rid], strategy=strategy_of[labels[rid]]))
     st.plotly_chart(charts.calibration(pd.concat(frames)), key="calibration")
 
 auto = adaptive_runs(picked)
@@ -315,7 +368,7 @@ else:
         render_deeper(adaptive, adaptive_table, chosen)
 
 st.header("Oracle routing ceiling")
-render_oracle(tables, labels)
+render_oracle(sliced_tables, labels, strategy_of)
 
 st.header("Per-question diff")
 st.page_link(
