@@ -10,6 +10,7 @@ from typing import Any
 
 import pandas as pd
 
+from experiments import slices
 from experiments.scoring.failures import failure_tags
 
 
@@ -81,6 +82,7 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, metric: str) -> pd.DataFrame:
     delta = merged["value_b"] - merged["value_a"]
     if not rule.higher_is_better:
         delta = -delta
+    merged["type"] = slices.question_type(merged)  # the Compare page's and reports' types
     merged["change"] = [_change(d) for d in delta]
     merged["delta"] = merged["value_b"] - merged["value_a"]
     return merged
@@ -119,7 +121,7 @@ def filtered(
     if sets:
         keep &= frame["set"].astype(str).isin(sets)
     if types:
-        keep &= frame["query_type"].astype(str).isin(types)
+        keep &= frame["type"].astype(str).isin(types)
     if tags:
         wanted = set(tags)
         pairs = zip(frame["tags_a"], frame["tags_b"], strict=True)

@@ -42,11 +42,11 @@ def test_counts_follow_the_filters(harness_store: Store, monkeypatch: pytest.Mon
     at.multiselect(key="reg_set").set_value(["cross_book"]).run()
     cross = reg.filtered(frame, sets=["cross_book"])
     assert shown_counts(at) == reg.counts(cross) and sum(reg.counts(cross).values()) < len(frame)
-    types = sorted(cross["query_type"].unique())
+    types = sorted(cross["type"].unique())
     at.multiselect(key="reg_type").set_value(types[:1]).run()
     assert shown_counts(at) == reg.counts(reg.filtered(frame, ["cross_book"], types[:1]))
     table = rows(at)
-    assert set(table["set"]) == {"cross_book"} and set(table["query_type"]) == set(types[:1])
+    assert set(table["set"]) == {"cross_book"} and set(table["type"]) == set(types[:1])
     assert all(link.startswith(f"trace?run={a}&question=") for link in table["trace_a"])
     assert all(link.startswith(f"trace?run={b}&question=") for link in table["trace_b"])
     assert param(at, "set") == ["cross_book"] and param(at, "a") == [a]

@@ -123,3 +123,14 @@ def test_export_loads_back_with_the_projects_loaders(tmp_path: Path) -> None:
     assert not loaded[4].answerable
     dataset = load_dataset("regressions", ["cross_book"], path=str(path))
     assert [case.id for case in dataset.cases] == ["q1", "q2", "q3", "q4", "q5"]
+
+
+def test_a_benchmark_set_filters_by_its_benchmark_type_like_the_compare_page() -> None:
+    bridge = question("h1", {"recall_at_k": 1.0}, set="hotpotqa:bridge")
+    comparison = question("h2", {"recall_at_k": 0.5}, set="hotpotqa:comparison")
+    frame = reg.compare(table([bridge, comparison]), table([bridge, comparison]), "recall_at_k")
+    assert dict(zip(frame["question_id"], frame["type"], strict=True)) == {
+        "h1": "bridge",
+        "h2": "comparison",
+    }
+    assert list(reg.filtered(frame, types=["bridge"])["question_id"]) == ["h1"]

@@ -55,7 +55,7 @@ frame = reg.compare(table_a, table_b, metric)
 f1, f2, f3, f4 = st.columns(4)
 choices = {
     "reg_set": ("set", f1, "Question set", sorted(frame["set"].astype(str).unique())),
-    "reg_type": ("type", f2, "Question type", sorted(frame["query_type"].astype(str).unique())),
+    "reg_type": ("type", f2, "Question type", sorted(frame["type"].astype(str).unique())),
     "reg_tag": ("tag", f3, "Failure tag (in A or B)", list(TAGS)),
     "reg_change": ("change", f4, "Change", list(reg.CHANGES)),
 }
@@ -78,7 +78,7 @@ rows = reg.ordered(shown).reset_index(drop=True)
 rows["trace_a"] = [selection.link(TRACE_PAGE, run=run_a, question=q) for q in rows["question_id"]]
 rows["trace_b"] = [selection.link(TRACE_PAGE, run=run_b, question=q) for q in rows["question_id"]]
 COLUMNS = [
-    "question_id", "set", "query_type", "change", "value_a", "value_b", "tags_a", "tags_b",
+    "question_id", "set", "type", "change", "value_a", "value_b", "tags_a", "tags_b",
     "trace_a", "trace_b", "question",
 ]  # fmt: skip
 st.dataframe(
