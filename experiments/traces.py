@@ -113,9 +113,14 @@ class Target:
     strategy: str = ""
 
 
+def case_key(repeat: int, question_id: str) -> str:
+    """A case: 'repeat:question id'."""
+    return f"{repeat}:{question_id}"
+
+
 def case_of(row: QuestionRow) -> str:
     """The case a row's trace is tagged with: 'repeat:question id'."""
-    return f"{row.repeat}:{row.question_id}"
+    return case_key(row.repeat, row.question_id)
 
 
 @functools.cache
@@ -130,6 +135,16 @@ def _digest(*parts: str) -> bytes:
     return hashlib.sha256("/".join(parts).encode()).digest()
 
 
+def _otel_id(run_id: str, case: str) -> int:
+    return int.from_bytes(_digest(run_id, case)[:16], "big")
+
+
+def trace_id_of(run_id: str, case: str) -> str:
+    """The MLflow id of the trace of a run's case ('repeat:question id'): ids derive from both,
+    so a link to a question's trace needs no look-up."""
+    return f"tr-{_otel_id(run_id, case):032x}"
+
+
 @dataclass
 class _Trace:
     """The spans of one question's trace, built parent first."""
@@ -142,7 +157,7 @@ class _Trace:
     ids: int = 0
 
     def __post_init__(self) -> None:
-        self.otel_id = int.from_bytes(_digest(self.target.run_id, case_of(self.row))[:16], "big")
+        self.otel_id = _otel_id(self.target.run_id, case_of(self.row))
         self.trace_id = f"tr-{self.otel_id:032x}"
 
     @property
