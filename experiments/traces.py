@@ -598,7 +598,7 @@ def _write_assessments(client: TracingClient, traces: Sequence[_Trace]) -> None:
             row.trace_timestamp_ms = request_ms
             rows.append(row)
     store = client.store
-    with store.ManagedSessionMaker() as session:
+    with store.ManagedSessionMaker(read_only=False) as session:
         if rollups_enabled():  # opt-in daily aggregates: mark these days for rebuilding
             enqueue_rollup_rebuild_partitions(
                 session,
