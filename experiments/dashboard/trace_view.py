@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 from collections.abc import Mapping
 from typing import Any
 
@@ -116,18 +117,30 @@ def _render_exchange(call: dict[str, Any]) -> None:
 
 
 def _render_texts(ids: list[str], texts: Mapping[str, str], view: TraceView) -> None:
-    """Each passage's text, collapsed (one expander per passage, titled id · section)."""
+    """Each passage's text, collapsed: one HTML <details> per passage, titled id · section (not
+    an expander each: a hop can return dozens of passages)."""
     if not ids:
         return
-    st.caption("Passage texts (click to open)")
+    blocks = []
     for pid in ids:
         section = view.sections.get(pid, "")
-        with st.expander(f"📄 {pid}" + (f" · {section}" if section else "")):
-            text = texts.get(pid)
-            if text:
-                st.text(text)
-            else:
-                st.caption("Its text was not kept (a run logged before passage texts).")
+        title = html.escape(pid + (f" · {section}" if section else ""))
+        text = texts.get(pid)
+        body = (
+            f"<div>{_verbatim(text)}</div>"
+            if text
+            else "<em>Its text was not kept (a run logged before passage texts).</em>"
+        )
+        blocks.append(f'<details class="passage"><summary>{title}</summary>{body}</details>')
+    st.markdown(
+        "**Passage texts** (click one to open)\n\n" + "".join(blocks), unsafe_allow_html=True
+    )
+
+
+def _verbatim(text: str) -> str:
+    """Text as HTML that keeps its line breaks and indentation, on one line (a blank line would
+    end the HTML block and let Markdown read the rest: `$`, `*`...)."""
+    return html.escape(text).replace("  ", "&nbsp; ").replace("\n", "<br>")
 
 
 def _render_hop(hop: dict[str, Any], sections: dict[str, str], graded: bool) -> None:
