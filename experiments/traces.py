@@ -283,7 +283,7 @@ def _exception(error: str, at_ns: int) -> Event:
         kind, message = "Error", error
     return Event(
         "exception",
-        {"exception.type": kind, "exception.message": message, "exception.stacktrace": ""},
+        {"exception.type": kind, "exception.message": message},
         timestamp=at_ns,
     )
 
