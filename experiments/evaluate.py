@@ -24,6 +24,9 @@ from experiments.questions import GoldQuestion
 from experiments.ragas_metrics import Scores
 
 MAX_HOPS_REPORTED = 3
+PASSAGE_CHARS = 2000
+"""Characters of a retrieved passage's text kept in the row's trace (the rest cut, marked '…'):
+the bundled books' passages are all shorter (longest 879), so this only bounds odd corpora."""
 
 
 class Scorer(Protocol):
@@ -192,9 +195,15 @@ def score_cost(result: AskResult) -> dict[str, float]:
 
 
 def trace_of(
-    result: AskResult, passages: dict[str, str], gold: Sequence[str]
+    result: AskResult,
+    passages: dict[str, str],
+    gold: Sequence[str],
+    texts: Callable[[str], str] = lambda _pid: "",
 ) -> list[dict[str, Any]]:
-    """The hop-by-hop trace as plain data, each document marked gold or not."""
+    """The hop-by-hop trace as plain data, each document marked gold or not; a document's first
+    appearance carries its passage text (from `texts`, else the context), cut to PASSAGE_CHARS."""
+    context = {doc.passage_id: doc.text for doc in result.context}
+    seen: set[str] = set()
     hops = []
     for hop in result.hops:
         data = hop.model_dump()
@@ -204,6 +213,10 @@ def trace_of(
         for ref in data["documents"]:
             ref["gold"] = ref["passage_id"] in gold
             ref["section"] = passages.get(ref["passage_id"], "")
+            if ref["passage_id"] not in seen:
+                seen.add(ref["passage_id"])
+                text = texts(ref["passage_id"]) or context.get(ref["passage_id"], "")
+                ref["text"] = text if len(text) <= PASSAGE_CHARS else text[:PASSAGE_CHARS] + "…"
         data["prompt_tokens"] = hop.prompt_tokens
         data["completion_tokens"] = hop.completion_tokens
         data["cost_usd"] = hop.cost_usd
@@ -319,6 +332,8 @@ class Evaluator:
                 row.status, row.error = "failed", f"{type(exc).__name__}: {exc}"
                 if isinstance(exc, StepFailedError):
                     row.calls = [exc.usage.model_dump(mode="json")]
+            if row.status != "ok":  # how long it ran before failing: its trace's duration
+                row.timings["total"] = (time.time_ns() - row.started_ns) / 1e9
             rows.append(row)
             if bar is not None:
                 bar.update(1)
@@ -329,7 +344,7 @@ class Evaluator:
         row.answer = result.answer
         row.context_ids = [d.passage_id for d in result.context]
         row.timings = {**result.timings, "total": result.latency_s}
-        row.trace = trace_of(result, self.section_of, turn.gold_passages)
+        row.trace = trace_of(result, self.section_of, turn.gold_passages, self.reference_text)
         row.calls = [usage.model_dump(mode="json") for usage in result.usage]
         for values, missing in (score_retrieval(turn, result, self.k), score_answer(turn, result)):
             row.values.update(values)

@@ -443,7 +443,7 @@ def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
                 flush=True,
             )
         if trace_writer is not None and run_id is not None:
-            _resume_traces(trace_writer, identity, run_id, done)
+            _resume_traces(trace_writer, identity, run_id, done, strategy.name)
         reuse = row_cache(cfg, parts, config)
         try:
             rows = asyncio.run(
@@ -546,11 +546,12 @@ def _resume_traces(
     identity: RunIdentity,
     run_id: str,
     done: dict[str, list[QuestionRow]],
+    strategy: str = "",
 ) -> None:
-    """Point the writer at the run; a resumed run first queues the journaled questions whose
-    trace the killed process did not write."""
+    """Point the writer at the run (its traces tagged with the strategy); a resumed run first
+    queues the journaled questions whose trace the killed process did not write."""
     assert identity.uri is not None and identity.experiment_id is not None
-    target = traces.Target(identity.uri, identity.experiment_id, run_id)
+    target = traces.Target(identity.uri, identity.experiment_id, run_id, strategy)
     trace_writer.bind(target)
     if done:
         traced = traces.traced_cases(target)

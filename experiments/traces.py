@@ -9,6 +9,20 @@ plus one to link the batch to the run), so answering never waits on the store; a
 back the traces it wrote, and the harness searches the store only for the rest. Trace and span
 ids derive from the run and the case: writing a trace again (a resumed run) replaces it instead of
 adding a second one.
+
+What a trace holds, so MLflow's trace list can filter and compare questions:
+- tags: case, question id, set, query type, turn, status and strategy (`caprag.*`), e.g.
+  `mlflow.search_traces(filter_string="tags.`caprag.set` = 'cross_book'")`;
+- assessments: each of the row's scores (`values`: recall@k, all-gold, MRR, F1, correct
+  refusal...) as a Feedback from CODE named after the metric, each metric the row could not
+  compute as a Feedback carrying its reason as error, and the gold answer and passages as
+  Expectations (`feedback.recall_at_k < 1` filters). A SQL store gets a batch's assessments in one
+  more transaction (bulk rows, as `start_trace` would add them); other stores one call each;
+- content: a hop span's outputs are its documents in MLflow's retriever format (passage text where
+  the row kept it: see `evaluate.PASSAGE_CHARS`), an LLM call's span has its messages and reply in
+  the OpenAI chat format (inputs `messages`, outputs `choices`) and `mlflow.chat.messages`;
+- a failed question's trace: its root span has status ERROR and an `exception` event with the
+  row's error, with the calls the question made before it failed.
 """
 
 from __future__ import annotations
@@ -17,6 +31,7 @@ import atexit
 import contextlib
 import functools
 import hashlib
+import math
 import multiprocessing
 import os
 import queue
@@ -28,19 +43,41 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import mlflow
-from mlflow.entities import Span, SpanType, TraceData, TraceInfo, TraceLocation, TraceState
+from mlflow.entities import (
+    Assessment,
+    AssessmentError,
+    AssessmentSource,
+    AssessmentSourceType,
+    Expectation,
+    Feedback,
+    Span,
+    SpanType,
+    TraceData,
+    TraceInfo,
+    TraceLocation,
+    TraceState,
+)
 from mlflow.store.tracking.abstract_store import AbstractStore
 from mlflow.tracing.client import TracingClient
-from mlflow.tracing.constant import SpanAttributeKey, TraceMetadataKey, TraceTagKey
+from mlflow.tracing.constant import (
+    AssessmentMetadataKey,
+    SpanAttributeKey,
+    TraceMetadataKey,
+    TraceTagKey,
+)
 from mlflow.tracing.utils import dump_span_attribute_value
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
 
 from experiments.evaluate import QuestionRow
 
 CASE_TAG = "caprag.case"
 """Trace tag naming the case (repeat:question id) a trace belongs to."""
+SCORER = AssessmentSource(source_type=AssessmentSourceType.CODE, source_id="caprag.evaluate")
+"""Who made a trace's assessments: the evaluator's code (a rewrite replaces only these)."""
+CHAT_MESSAGES = "mlflow.chat.messages"
+"""Span attribute the MLflow UI reads a chat span's conversation from (messages, then reply)."""
 BATCH = 64
 """Traces the writer puts in one transaction at most (it writes whatever is waiting, up to this)."""
 LINGER_S = 0.1
@@ -68,16 +105,22 @@ HOP_ATTRIBUTES = (
 
 @dataclass(frozen=True)
 class Target:
-    """Where a run's traces go."""
+    """Where a run's traces go (and the run's strategy, which its traces are tagged with)."""
 
     uri: str
     experiment_id: str
     run_id: str
+    strategy: str = ""
+
+
+def case_key(repeat: int, question_id: str) -> str:
+    """A case: 'repeat:question id'."""
+    return f"{repeat}:{question_id}"
 
 
 def case_of(row: QuestionRow) -> str:
     """The case a row's trace is tagged with: 'repeat:question id'."""
-    return f"{row.repeat}:{row.question_id}"
+    return case_key(row.repeat, row.question_id)
 
 
 @functools.cache
@@ -92,6 +135,16 @@ def _digest(*parts: str) -> bytes:
     return hashlib.sha256("/".join(parts).encode()).digest()
 
 
+def _otel_id(run_id: str, case: str) -> int:
+    return int.from_bytes(_digest(run_id, case)[:16], "big")
+
+
+def trace_id_of(run_id: str, case: str) -> str:
+    """The MLflow id of the trace of a run's case ('repeat:question id'): ids derive from both,
+    so a link to a question's trace needs no look-up."""
+    return f"tr-{_otel_id(run_id, case):032x}"
+
+
 @dataclass
 class _Trace:
     """The spans of one question's trace, built parent first."""
@@ -104,7 +157,7 @@ class _Trace:
     ids: int = 0
 
     def __post_init__(self) -> None:
-        self.otel_id = int.from_bytes(_digest(self.target.run_id, case_of(self.row))[:16], "big")
+        self.otel_id = _otel_id(self.target.run_id, case_of(self.row))
         self.trace_id = f"tr-{self.otel_id:032x}"
 
     @property
@@ -115,8 +168,42 @@ class _Trace:
             "caprag.question_id": row.question_id,
             "caprag.set": row.set,
             "caprag.query_type": row.query_type or "",
+            "caprag.turn": str(row.turn),
+            "caprag.status": row.status,
+            "caprag.strategy": self.target.strategy,
             TraceTagKey.TRACE_NAME: f"question {row.question_id}",
         }
+
+    def assessments(self) -> list[Assessment]:
+        """The row's scores as Feedback (a metric it could not compute: its reason as error) and
+        its gold answer and passages as Expectations; ids derive from the trace and the name, so
+        a rewrite replaces them."""
+        row = self.row
+        metadata = {AssessmentMetadataKey.SOURCE_RUN_ID: self.target.run_id}
+        found: list[Assessment] = []
+        missing = dict(row.missing)
+        for name, value in sorted(row.values.items()):
+            if math.isfinite(value):
+                found.append(Feedback(name=name, value=float(value), source=SCORER))
+            else:
+                missing.setdefault(name, f"not a number ({value})")
+        found += [
+            Feedback(name=name, error=AssessmentError("NOT_COMPUTED", reason), source=SCORER)
+            for name, reason in sorted(missing.items())
+            if name not in row.values or not math.isfinite(row.values[name])
+        ]
+        if row.gold_answer:
+            found.append(Expectation(name="gold_answer", value=row.gold_answer, source=SCORER))
+        if row.gold_ids:
+            found.append(Expectation(name="gold_passages", value=row.gold_ids, source=SCORER))
+        for assessment in found:
+            kind = "feedback" if isinstance(assessment, Feedback) else "expectation"
+            assessment.trace_id = self.trace_id
+            assessment.metadata = metadata
+            assessment.assessment_id = (
+                "a-" + _digest(self.trace_id, kind, assessment.name)[:16].hex()
+            )
+        return found
 
     def new_id(self) -> int:
         """The next span id: the same for the same trace and position, so a rewrite replaces."""
@@ -134,8 +221,10 @@ class _Trace:
         end_ns: int,
         attributes: Mapping[str, Any] | None = None,
         span_id: int | None = None,
+        error: str = "",
     ) -> int:
-        """Add a finished span (a root goes first); returns its id."""
+        """Add a finished span (a root goes first); returns its id. A span with an error has
+        status ERROR and an `exception` event carrying it."""
         span_id = span_id or self.new_id()
         values: dict[str, Any] = {
             SpanAttributeKey.REQUEST_ID: self.trace_id,
@@ -156,7 +245,8 @@ class _Trace:
                     attributes={k: dump_span_attribute_value(v) for k, v in values.items()},
                     start_time=start_ns,
                     end_time=max(end_ns, start_ns),
-                    status=Status(StatusCode.OK),
+                    status=Status(StatusCode.ERROR, error) if error else Status(StatusCode.OK),
+                    events=[_exception(error, end_ns)] if error else [],
                     resource=_resource(),
                 )
             ),
@@ -180,10 +270,22 @@ class _Trace:
             request_time=root.start_time_ns // 1_000_000,
             execution_duration=((root.end_time_ns or root.start_time_ns) - root.start_time_ns)
             // 1_000_000,
-            state=TraceState.OK,
+            state=TraceState.OK if self.row.status == "ok" else TraceState.ERROR,
             trace_metadata={TraceMetadataKey.SOURCE_RUN: self.target.run_id},
             tags=self.tags,
         )
+
+
+def _exception(error: str, at_ns: int) -> Event:
+    """The OpenTelemetry exception event of a failed question (type and message as recorded)."""
+    kind, _, message = error.partition(": ")
+    if not message:  # "timed out after 120s": no exception name recorded
+        kind, message = "Error", error
+    return Event(
+        "exception",
+        {"exception.type": kind, "exception.message": message},
+        timestamp=at_ns,
+    )
 
 
 def _ns(seconds: float | None) -> int:
@@ -256,26 +358,103 @@ class _Timeline:
         for key in ("error", "notes", "cached"):
             if call.get(key):
                 attributes[key] = str(call[key])
+        messages = call.get("messages")
+        if messages is None:  # a rule step: nothing was sent
+            inputs: Any = {"rule": f"no call ({call.get('prompt_version')})"}
+            outputs: Any = {"reply": call.get("reply")}
+        else:
+            inputs, outputs, chat = _chat(call, messages)
+            attributes.update(chat)
         self.trace.span(
             f"llm {call['step']}",
             SpanType.CHAT_MODEL,
             parent,
-            {"messages": call.get("messages") or f"(rule: no call, {call.get('prompt_version')})"},
-            {"reply": call.get("reply")},
+            inputs,
+            outputs,
             start_ns,
             end_ns,
             attributes,
         )
 
 
+def _chat(
+    call: Mapping[str, Any], messages: list[dict[str, str]]
+) -> tuple[Any, Any, dict[str, Any]]:
+    """A model call in the OpenAI chat format the MLflow UI renders: request (model, messages as
+    sent), completion (the reply as the assistant's message), the conversation and token use."""
+    reply = call.get("reply")
+    model = call.get("model", "")
+    prompt, completion = (
+        int(call.get("prompt_tokens") or 0),
+        int(call.get("completion_tokens") or 0),
+    )
+    outputs = {
+        "object": "chat.completion",
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": reply},
+                "finish_reason": "stop" if reply is not None else "error",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        },
+    }
+    conversation = [*messages, {"role": "assistant", "content": reply or ""}]
+    return (
+        {"model": model, "messages": messages},
+        outputs,
+        {
+            CHAT_MESSAGES: conversation,
+            SpanAttributeKey.MESSAGE_FORMAT: "openai",
+            SpanAttributeKey.CHAT_USAGE: {
+                "input_tokens": prompt,
+                "output_tokens": completion,
+                "total_tokens": prompt + completion,
+            },
+        },
+    )
+
+
+def documents(refs: Sequence[Mapping[str, Any]], texts: Mapping[str, str]) -> list[dict[str, Any]]:
+    """Documents in MLflow's retriever format (page_content, metadata, id), the text from the
+    document or, for one an earlier hop already carried, from `texts`."""
+    return [
+        {
+            "page_content": ref.get("text") or texts.get(ref.get("passage_id", ""), ""),
+            "metadata": {k: v for k, v in ref.items() if k != "text"},
+            "id": ref.get("passage_id", ""),
+        }
+        for ref in refs
+    ]
+
+
+def passage_texts(hops: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """The passage text each retrieved document carries (on its first appearance), by id."""
+    return {
+        doc["passage_id"]: doc["text"]
+        for hop in hops
+        for doc in hop.get("documents", [])
+        if doc.get("text")
+    }
+
+
 def build_trace(row: QuestionRow, target: Target) -> _Trace:
-    """The question's trace: a span per node, under retrieve a span per hop, and under those a
-    span per LLM call with its messages as sent and its reply."""
+    """The question's trace: a span per node, under retrieve a span per hop (its documents with
+    their text), and under those a span per LLM call with its messages as sent and its reply. A
+    failed question's trace is its root span (status ERROR) with the calls it made."""
     trace = _Trace(target, row)
     timeline = _Timeline(trace)
     total_ns = _ns(row.timings.get("total"))
     start = row.started_ns or time.time_ns() - total_ns  # rows journaled before started_ns
+    if row.status != "ok":
+        return _failed(trace, timeline, start, total_ns)
     rewrite_calls, hop_calls, generate_calls = _split_calls(row)
+    texts = passage_texts(row.trace)
     root = trace.new_id()
     t = timeline.node(
         root,
@@ -294,7 +473,7 @@ def build_trace(row: QuestionRow, target: Target) -> _Trace:
         SpanType.RETRIEVER,
         root,
         {"main_question": row.main_question},
-        {"context": row.context_ids},
+        documents([{"passage_id": pid} for pid in row.context_ids], texts),
         t,
         t + retrieve_ns,
     )
@@ -305,10 +484,13 @@ def build_trace(row: QuestionRow, target: Target) -> _Trace:
             f"hop {hop['hop']}",
             SpanType.RETRIEVER,
             {"queries": hop["queries"]},
-            {"documents": hop["documents"], "decision": hop.get("decision")},
+            documents(hop["documents"], texts),
             h,
             float(hop.get("latency_s", 0.0)),
-            {key: str(hop[key]) for key in HOP_ATTRIBUTES if hop.get(key) is not None},
+            {
+                **{key: str(hop[key]) for key in HOP_ATTRIBUTES if hop.get(key) is not None},
+                **({"decision": hop["decision"]} if hop.get("decision") else {}),
+            },
             calls,
         )
     end = timeline.node(
@@ -335,17 +517,42 @@ def build_trace(row: QuestionRow, target: Target) -> _Trace:
     return trace
 
 
+def _failed(trace: _Trace, timeline: _Timeline, start: int, total_ns: int) -> _Trace:
+    """A failed question's trace: the calls it made (the one that failed keeps its error), under
+    a root span with status ERROR and the row's error as an exception event."""
+    row = trace.row
+    root = trace.new_id()
+    end = start + total_ns
+    if row.calls:
+        end = max(
+            end, timeline.node(root, "calls", SpanType.CHAIN, {}, {}, start, 0.0, calls=row.calls)
+        )
+    trace.span(
+        f"question {row.question_id}",
+        SpanType.CHAIN,
+        None,
+        {"question": row.question},
+        {"error": row.error, "gold_answer": row.gold_answer},
+        start,
+        end,
+        {"set": row.set, "query_type": row.query_type},
+        span_id=root,
+        error=row.error or row.status,
+    )
+    return trace
+
+
 def _store_writes_spans(client: TracingClient) -> bool:
     """Whether the store takes spans in batches (SQL stores, a tracking server)."""
     return type(client.store).log_spans is not AbstractStore.log_spans
 
 
 def write_traces(rows: Sequence[QuestionRow], target: Target) -> list[str]:
-    """Write the traces of answered rows in one batch; returns their cases.
+    """Write the traces of rows (answered or failed) in one batch; returns their cases.
 
-    A store with the span API gets every span in one call, then the traces are linked to the
-    run; any other store (a file store) gets each trace whole."""
-    traces = [build_trace(row, target) for row in rows if row.status == "ok"]
+    A store with the span API gets every span in one call, then the assessments, then the
+    traces are linked to the run; any other store (a file store) gets each trace whole."""
+    traces = [build_trace(row, target) for row in rows]
     if not traces:
         return []
     client = TracingClient(target.uri)
@@ -355,11 +562,61 @@ def write_traces(rows: Sequence[QuestionRow], target: Target) -> list[str]:
         for trace in traces:
             info = client.start_trace(trace.info())
             client._upload_trace_data(info, TraceData(spans=trace.spans))
+    _write_assessments(client, traces)
     ids = [trace.trace_id for trace in traces]
     runs = mlflow.MlflowClient(target.uri)
     for at in range(0, len(ids), LINKS_PER_CALL):
         runs.link_traces_to_run(ids[at : at + LINKS_PER_CALL], target.run_id)
     return [case_of(trace.row) for trace in traces]
+
+
+def _write_assessments(client: TracingClient, traces: Sequence[_Trace]) -> None:
+    """The traces' assessments: into a SQL store as rows in one transaction (replacing the
+    scorer's earlier ones of these traces), into any other store one call each."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    if not isinstance(client.store, SqlAlchemyStore):
+        for trace in traces:
+            for assessment in trace.assessments():
+                client.store.create_assessment(assessment)
+        return
+    # The same rows `SqlAlchemyStore.start_trace` adds for a trace's assessments (its one-by-one
+    # `create_assessment` costs a transaction per score).
+    from mlflow.store.tracking.dbmodels.models import SqlAssessments
+    from mlflow.store.tracking.utils.sql_trace_rollups import (
+        RollupFamily,
+        enqueue_rollup_rebuild_partitions,
+        rollups_enabled,
+    )
+
+    rows = []
+    for trace in traces:
+        request_ms = trace.spans[0].start_time_ns // 1_000_000
+        for assessment in trace.assessments():
+            row = SqlAssessments.from_mlflow_entity(assessment)
+            row.experiment_id = int(trace.target.experiment_id)
+            row.trace_timestamp_ms = request_ms
+            rows.append(row)
+    store = client.store
+    with store.ManagedSessionMaker(read_only=False) as session:
+        if rollups_enabled():  # opt-in daily aggregates: mark these days for rebuilding
+            enqueue_rollup_rebuild_partitions(
+                session,
+                [
+                    (
+                        RollupFamily.ASSESSMENT,
+                        int(t.target.experiment_id),
+                        [t.spans[0].start_time_ns // 1_000_000],
+                    )
+                    for t in traces
+                ],
+            )
+        session.query(SqlAssessments).filter(
+            SqlAssessments.trace_id.in_([t.trace_id for t in traces]),
+            SqlAssessments.source_type == SCORER.source_type,
+            SqlAssessments.source_id == SCORER.source_id,
+        ).delete(synchronize_session=False)
+        session.add_all(rows)
 
 
 def traced_cases(target: Target) -> set[str]:
@@ -513,11 +770,10 @@ class TraceWriter:
         self.target = target
 
     def submit(self, rows: Sequence[QuestionRow]) -> None:
-        """Queue the traces of answered rows (returns at once; nothing is queued for a writer
-        that died: `close` writes those traces)."""
-        answered = [row for row in rows if row.status == "ok"]
-        if answered and self.target is not None and self._alive():
-            self._inbox.put((self.target, answered))
+        """Queue the traces of rows, answered or failed (returns at once; nothing is queued for
+        a writer that died: `close` writes those traces)."""
+        if rows and self.target is not None and self._alive():
+            self._inbox.put((self.target, list(rows)))
 
     def _alive(self) -> bool:
         """Whether the writer still runs (only the process that started it can tell; any other
@@ -526,8 +782,8 @@ class TraceWriter:
 
     def close(self, rows: Sequence[QuestionRow] = ()) -> int:
         """Wait until the writer wrote everything sent so far (a kept writer then waits for the
-        next run; any other ends), then make sure every answered row in `rows` has its trace;
-        returns how many of them do. Only rows the writer did not report (a resumed run's
+        next run; any other ends), then make sure every row in `rows` (answered or failed) has
+        its trace; returns how many of them do. Only rows the writer did not report (a resumed run's
         earlier ones, a failing writer's) are looked up in the store."""
         if self.keep and not self._stopped:
             self.finish()
@@ -536,7 +792,7 @@ class TraceWriter:
             self._finishing = False
         else:
             self.stop()
-        answered = [row for row in rows if row.status == "ok"]
+        answered = list(rows)
         if self.target is None or not answered:
             return 0
         run_id = self.target.run_id

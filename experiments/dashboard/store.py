@@ -31,6 +31,14 @@ def run_url(experiment_id: str, run_id: str, base: str | None = None) -> str:
     return f"{(base or ui_base()).rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
 
 
+def trace_url(experiment_id: str, trace_id: str, base: str | None = None) -> str:
+    """A trace's page in the MLflow UI: the experiment's trace list with that trace open."""
+    return (
+        f"{(base or ui_base()).rstrip('/')}/#/experiments/{experiment_id}/traces"
+        f"?selectedEvaluationId={trace_id}"
+    )
+
+
 def missing_store(store_uri: str) -> bool:
     """A SQLite store whose file does not exist (read nothing, create nothing)."""
     return (

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
@@ -10,10 +12,19 @@ import streamlit as st
 from caprag.services import AskResult
 from experiments.dashboard.data import TraceView, call_line, hop_documents, is_rule, steps_ran
 from experiments.evaluate import trace_of
+from experiments.traces import case_key, passage_texts, trace_id_of
+
+
+def trace_id(run_id: str, row: Mapping[str, Any]) -> str:
+    """The MLflow id of the trace a run wrote for a logged question row."""
+    repeat = row.get("repeat")
+    repeat = int(repeat) if repeat is not None and not pd.isna(repeat) else 0
+    return trace_id_of(run_id, case_key(repeat, str(row.get("question_id", ""))))
 
 
 def trace_from_result(result: AskResult, sections: dict[str, str]) -> TraceView:
-    """A live answer in the same shape as a logged row (no gold: it was not in a question set)."""
+    """A live answer in the same shape as a logged row (no gold: it was not in a question set);
+    its documents carry the text of the passages handed to generation."""
     sections = {**sections, **{d.passage_id: d.section for d in result.context}}
     return TraceView(
         question=result.question,
@@ -37,8 +48,10 @@ def render_trace(view: TraceView) -> None:
     if not view.hops:
         st.info("No hop trace was recorded for this question.")
     pages: dict[str, Any] = {}
+    texts = passage_texts(view.hops)
     for hop in view.hops:
         _render_hop(hop, view.sections, graded=bool(view.gold_ids))
+        _render_texts([d.get("passage_id", "") for d in hop.get("documents", [])], texts, view)
         pages.update({d.get("passage_id", ""): d.get("page", "") for d in hop.get("documents", [])})
     st.subheader("Answer")
     answer, gold = st.columns(2)
@@ -48,6 +61,7 @@ def render_trace(view: TraceView) -> None:
         st.markdown("**Sources (passages handed to generation)**")
         sources = _passages(view.context_ids, view.gold_ids, view, pages)
         st.table(sources if view.gold_ids else sources.drop(columns="gold"))
+        _render_texts(view.context_ids, texts, view)
     with gold:
         st.markdown("**Gold answer**")
         st.write(view.gold_answer or "— (no gold answer for this question)")
@@ -100,6 +114,33 @@ def _render_exchange(call: dict[str, Any]) -> None:
         st.caption("No reply was recorded for this call.")
     else:
         st.code(str(reply), language=None, wrap_lines=True)
+
+
+def _render_texts(ids: list[str], texts: Mapping[str, str], view: TraceView) -> None:
+    """Each passage's text, collapsed: one HTML <details> per passage, titled id · section (not
+    an expander each: a hop can return dozens of passages)."""
+    if not ids:
+        return
+    blocks = []
+    for pid in ids:
+        section = view.sections.get(pid, "")
+        title = html.escape(pid + (f" · {section}" if section else ""))
+        text = texts.get(pid)
+        body = (
+            f"<div>{_verbatim(text)}</div>"
+            if text
+            else "<em>Its text was not kept (a run logged before passage texts).</em>"
+        )
+        blocks.append(f'<details class="passage"><summary>{title}</summary>{body}</details>')
+    st.markdown(
+        "**Passage texts** (click one to open)\n\n" + "".join(blocks), unsafe_allow_html=True
+    )
+
+
+def _verbatim(text: str) -> str:
+    """Text as HTML that keeps its line breaks and indentation, on one line (a blank line would
+    end the HTML block and let Markdown read the rest: `$`, `*`...)."""
+    return html.escape(text).replace("  ", "&nbsp; ").replace("\n", "<br>")
 
 
 def _render_hop(hop: dict[str, Any], sections: dict[str, str], graded: bool) -> None:

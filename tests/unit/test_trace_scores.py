@@ -1,0 +1,233 @@
+"""What a question's MLflow trace carries: tags to filter by, scores as assessments, passage texts,
+LLM calls in the chat format, and a trace for a failed question (built, not written)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from mlflow.entities import Expectation, Feedback
+from mlflow.tracing.constant import SpanAttributeKey
+
+from caprag.schemas import Document, RetrievedRef
+from caprag.services import AskResult
+from caprag.trace import HopTrace
+from experiments import traces
+from experiments.evaluate import PASSAGE_CHARS, QuestionRow, trace_of
+
+TARGET = traces.Target("sqlite:///unused.db", "7", "run-1", "multi-hop")
+MESSAGES = [
+    {"role": "system", "content": "You decide whether passages suffice."},
+    {"role": "user", "content": "Question: Flurry penalty?\n\nPassages: ..."},
+]
+REPLY = '{"sufficient": false, "new_queries": ["Old Soldier"]}'
+
+
+def doc(pid: str, text: str | None, new: bool = True) -> dict[str, Any]:
+    found = {"passage_id": pid, "book_id": pid.split("/")[0], "page": 3, "score": 0.5, "new": new}
+    return found if text is None else {**found, "text": text}
+
+
+def answered() -> QuestionRow:
+    """A two-hop answered question with one model call and one rule call."""
+    now = time.time_ns()
+    analyze = {
+        "step": "analyze",
+        "model": "gpt-4o-mini",
+        "prompt_tokens": 400,
+        "completion_tokens": 30,
+        "latency_s": 0.01,
+        "messages": MESSAGES,
+        "reply": REPLY,
+    }
+    generate = {"step": "generate", "model": "offline", "prompt_version": "generate-v1"}
+    return QuestionRow(
+        case_id="c1",
+        question_id="t-cb-1",
+        set="cross_book",
+        query_type="factual",
+        turn=2,
+        question="Flurry penalty?",
+        gold_answer="-4",
+        answer="-4.",
+        context_ids=["fighting/flurry", "gifts/old-soldier"],
+        gold_ids=["fighting/flurry"],
+        values={"recall_at_k": 0.5, "all_gold_at_k": 0.0, "mrr": 1.0, "f1": 0.8},
+        missing={"correct_refusal": "question is answerable"},
+        started_ns=now,
+        timings={"total": 0.05},
+        trace=[
+            {
+                "hop": 1,
+                "queries": ["flurry"],
+                "documents": [doc("fighting/flurry", "Two attacks.")],
+                "usage": [analyze],
+                "latency_s": 0.02,
+                "decision": {"sufficient": False},
+            },
+            {
+                "hop": 2,
+                "queries": ["old soldier"],
+                "latency_s": 0.01,
+                "usage": [],
+                "documents": [
+                    doc("fighting/flurry", None, new=False),
+                    doc("gifts/old-soldier", "Halves the penalty."),
+                ],
+            },
+        ],
+        calls=[analyze, generate],
+    )
+
+
+def spans_by_name(trace: Any) -> dict[str, Any]:
+    return {span.name: span for span in trace.spans}
+
+
+def test_a_trace_is_tagged_with_what_the_trace_list_filters_by() -> None:
+    trace = traces.build_trace(answered(), TARGET)
+    assert trace.tags == {
+        traces.CASE_TAG: "0:t-cb-1",
+        "caprag.question_id": "t-cb-1",
+        "caprag.set": "cross_book",
+        "caprag.query_type": "factual",
+        "caprag.turn": "2",
+        "caprag.status": "ok",
+        "caprag.strategy": "multi-hop",
+        "mlflow.traceName": "question t-cb-1",
+    }
+    # The tags travel on the root span, where MLflow's batch span API reads them.
+    root = trace.spans[0]
+    assert root.parent_id is None
+    assert root.attributes[SpanAttributeKey.TRACE_TAG_PREFIX + "caprag.set"] == "cross_book"
+
+
+def test_every_score_is_a_code_feedback_and_a_missing_one_keeps_its_reason() -> None:
+    row = answered()
+    row.values["latency_s"] = float("nan")
+    trace = traces.build_trace(row, TARGET)
+    found = trace.assessments()
+    feedback = {a.name: a for a in found if isinstance(a, Feedback)}
+    scored = {name: a.value for name, a in feedback.items() if a.error is None}
+    assert scored == {"recall_at_k": 0.5, "all_gold_at_k": 0.0, "mrr": 1.0, "f1": 0.8}
+    errors = {name: a.error.error_message for name, a in feedback.items() if a.error}
+    assert errors == {
+        "correct_refusal": "question is answerable",
+        "latency_s": "not a number (nan)",
+    }
+    expected = {a.name: a.value for a in found if isinstance(a, Expectation)}
+    assert expected == {"gold_answer": "-4", "gold_passages": ["fighting/flurry"]}
+    assert {a.source.source_type for a in found} == {"CODE"}
+    assert {a.trace_id for a in found} == {trace.trace_id}
+    assert all(a.metadata == {"mlflow.assessment.sourceRunId": "run-1"} for a in found)
+    # Ids derive from the trace and the name: writing the trace again replaces them.
+    again = traces.build_trace(answered(), TARGET).assessments()
+    assert {a.assessment_id for a in found} >= {a.assessment_id for a in again}
+    assert len({a.assessment_id for a in found}) == len(found)
+
+
+def test_hop_spans_carry_their_documents_with_passage_text_in_retriever_format() -> None:
+    spans = spans_by_name(traces.build_trace(answered(), TARGET))
+    hop1, hop2, retrieve = spans["hop 1"], spans["hop 2"], spans["retrieve"]
+    assert hop1.outputs == [
+        {
+            "page_content": "Two attacks.",
+            "metadata": {"passage_id": "fighting/flurry", "book_id": "fighting", "page": 3,
+                         "score": 0.5, "new": True},
+            "id": "fighting/flurry",
+        }
+    ]  # fmt: skip
+    # A duplicate keeps no text in the row; its span gets the text an earlier hop carried.
+    assert [d["page_content"] for d in hop2.outputs] == ["Two attacks.", "Halves the penalty."]
+    assert [d["page_content"] for d in retrieve.outputs] == ["Two attacks.", "Halves the penalty."]
+    assert hop1.attributes["decision"] == {"sufficient": False}
+
+
+def test_a_model_call_is_a_chat_span_with_its_messages_and_reply() -> None:
+    spans = spans_by_name(traces.build_trace(answered(), TARGET))
+    call = spans["llm analyze"]
+    assert call.span_type == "CHAT_MODEL"
+    assert call.inputs == {"model": "gpt-4o-mini", "messages": MESSAGES}
+    assert call.outputs["choices"][0]["message"] == {"role": "assistant", "content": REPLY}
+    assert call.attributes[traces.CHAT_MESSAGES] == [
+        *MESSAGES,
+        {"role": "assistant", "content": REPLY},
+    ]
+    assert call.attributes[SpanAttributeKey.CHAT_USAGE] == {
+        "input_tokens": 400,
+        "output_tokens": 30,
+        "total_tokens": 430,
+    }
+    rule = spans["llm generate"]
+    assert rule.inputs == {"rule": "no call (generate-v1)"}
+    assert traces.CHAT_MESSAGES not in rule.attributes
+
+
+def test_a_failed_question_gets_an_error_trace_with_the_calls_it_made() -> None:
+    row = answered()
+    row.status, row.error = "failed", "StructuredOutputError: could not parse the reply"
+    row.trace, row.values, row.missing = [], {}, {}
+    row.calls = [{**row.calls[0], "reply": "{not json", "error": "could not parse"}]
+    row.timings = {"total": 0.5}
+    trace = traces.build_trace(row, TARGET)
+    root = trace.spans[0]
+    assert root.status.status_code == "ERROR"
+    assert root.status.description == row.error
+    (event,) = root.events
+    assert event.name == "exception"
+    assert event.attributes["exception.type"] == "StructuredOutputError"
+    assert event.attributes["exception.message"] == "could not parse the reply"
+    assert (root.end_time_ns or 0) - root.start_time_ns == pytest.approx(0.5e9, abs=1e6)
+    call = spans_by_name(trace)["llm analyze"]
+    assert call.outputs["choices"][0]["message"]["content"] == "{not json"
+    assert call.attributes["error"] == "could not parse"
+    assert trace.tags["caprag.status"] == "failed"
+    assert trace.info().state.value == "ERROR"
+    # No score was computed; the gold answer is still there to compare with.
+    assert {a.name for a in trace.assessments()} == {"gold_answer", "gold_passages"}
+
+
+def test_a_timed_out_question_s_error_has_no_exception_name() -> None:
+    row = answered()
+    row.status, row.error, row.calls, row.trace = "failed", "timed out after 120s", [], []
+    (event,) = traces.build_trace(row, TARGET).spans[0].events
+    assert event.attributes["exception.type"] == "Error"
+    assert event.attributes["exception.message"] == "timed out after 120s"
+
+
+def test_a_question_s_trace_id_derives_from_the_run_and_case() -> None:
+    trace = traces.build_trace(answered(), TARGET)
+    assert traces.trace_id_of("run-1", "0:t-cb-1") == trace.trace_id
+    assert traces.trace_id_of("run-2", "0:t-cb-1") != trace.trace_id
+
+
+def test_the_row_keeps_each_passage_s_text_once_and_cuts_a_long_one() -> None:
+    long = "x" * (PASSAGE_CHARS + 50)
+    flurry = Document(passage_id="fighting/flurry", book_id="fighting", text="Two attacks.")
+    hops = [
+        HopTrace(hop=1, queries=["a"], documents=[ref("fighting/flurry"), ref("big/one")]),
+        HopTrace(hop=2, queries=["b"], documents=[ref("fighting/flurry"), ref("gifts/x")]),
+    ]
+    result = AskResult(
+        question="q", main_question="q", answer="a", sources=[], thread_id="t", strategy="s",
+        hops=hops, context=[flurry], usage=[], prompt_tokens=0, completion_tokens=0,
+        cost_usd=0.0, latency_s=0.0,
+    )  # fmt: skip
+    # Texts from the index where it has them, else from the context handed to generation.
+    index = {"big/one": long, "gifts/x": "Gift."}
+    trace = trace_of(result, {}, [], lambda pid: index.get(pid, ""))
+    first, second = trace[0]["documents"], trace[1]["documents"]
+    assert first[0]["text"] == "Two attacks."
+    assert first[1]["text"] == "x" * PASSAGE_CHARS + "…"
+    assert "text" not in second[0]  # kept once, on its first appearance
+    assert second[1]["text"] == "Gift."
+    assert traces.passage_texts(trace) == {
+        "fighting/flurry": "Two attacks.",
+        "big/one": "x" * PASSAGE_CHARS + "…",
+        "gifts/x": "Gift.",
+    }
+
+
+def ref(pid: str) -> RetrievedRef:
+    return RetrievedRef(passage_id=pid, book_id=pid.split("/")[0], page=1, score=0.1, new=True)
