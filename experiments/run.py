@@ -31,7 +31,7 @@ from caprag.services import Pipeline
 from caprag.steps import ROLES, Steps, build_steps, prompt_versions, rule_steps
 from caprag.store import PassageIndex
 from caprag.strategies import RetrievalStrategy, Retriever
-from experiments import traces, tracking
+from experiments import cluster, traces, tracking
 from experiments.data import Dataset, EvalCase
 from experiments.dryrun import CostEstimate, client_config, estimate_cost, estimate_price_model
 from experiments.evaluate import (
@@ -705,6 +705,9 @@ def run_tags(
         **{f"caprag.prompt.{k}": v for k, v in prompt_versions().items()},
         **{str(k): str(v) for k, v in (cfg.experiment.tags or {}).items()},
     }
+
+
+cluster.quiet_launcher_schema_warning()
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
