@@ -85,6 +85,11 @@ class Settings(BaseSettings):
     chroma_dir: Path = Field(
         Path(".caprag/chroma"), validation_alias=AliasChoices("CAPRAG_CHROMA_DIR", "chroma_dir")
     )
+    chroma_url: str | None = Field(
+        None,
+        validation_alias=AliasChoices("CAPRAG_CHROMA_URL", "chroma_url"),
+        description="A Chroma server, http://HOST:PORT[/NAMESPACE], used instead of the folder.",
+    )
     embedding: EmbeddingName = Field(
         "minilm", validation_alias=AliasChoices("CAPRAG_EMBEDDING", "embedding")
     )
@@ -193,6 +198,24 @@ class Settings(BaseSettings):
             return [int(p) for p in parts]
         return value
 
+    @field_validator("chroma_url")
+    @classmethod
+    def _server_url(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        from caprag.chroma_server import ServerAddress
+
+        try:
+            ServerAddress.parse(value)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    @property
+    def store(self) -> Path | str:
+        """Where the index lives: the Chroma server CAPRAG_CHROMA_URL, else CAPRAG_CHROMA_DIR."""
+        return self.chroma_url or self.chroma_dir
+
     @field_validator("checkpointer")
     @classmethod
     def _known_checkpointer(cls, value: str) -> str:
@@ -233,6 +256,7 @@ ENV_NAMES = {
     "price_model": "CAPRAG_PRICE_MODEL",
     "corpus": "CAPRAG_CORPUS",
     "chroma_dir": "CAPRAG_CHROMA_DIR",
+    "chroma_url": "CAPRAG_CHROMA_URL",
     "checkpointer": "CAPRAG_CHECKPOINTER",
     "memory_ttl_s": "CAPRAG_MEMORY_TTL_S",
     "memory_max_threads": "CAPRAG_MEMORY_MAX_THREADS",

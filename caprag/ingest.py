@@ -7,9 +7,10 @@ import sys
 from pathlib import Path
 
 from caprag.books import load_books
+from caprag.chroma_server import ServerPassageIndex, is_server_url
 from caprag.config import Settings, load_settings
-from caprag.embeddings import get_embedder
-from caprag.errors import CapragError
+from caprag.embeddings import Embedder, get_embedder
+from caprag.errors import CapragError, ConfigError
 from caprag.hybrid import RRF_K, HybridIndex
 from caprag.lexical import BM25Index
 from caprag.store import CHILD_CHARS, IngestReport, PassageIndex
@@ -20,7 +21,16 @@ Index = PassageIndex | BM25Index | HybridIndex
 
 def open_index(settings: Settings) -> PassageIndex:
     """Open the dense passage index the settings point at (CAPRAG_EMBEDDING)."""
-    return PassageIndex(settings.chroma_dir, get_embedder(settings.embedding))
+    return dense_index(settings.store, get_embedder(settings.embedding))
+
+
+def dense_index(
+    store: Path | str, embedder: Embedder, child_chars: int = CHILD_CHARS
+) -> PassageIndex:
+    """The dense index in a store folder (embedded Chroma) or on a Chroma server (http://...)."""
+    if is_server_url(store):
+        return ServerPassageIndex(str(store), embedder, child_chars=child_chars)
+    return PassageIndex(store, embedder, child_chars=child_chars)
 
 
 def make_index(
@@ -33,16 +43,22 @@ def make_index(
 ) -> Index:
     """The retriever of `kind` over a store folder: dense (embedded chunks in Chroma), bm25, or
     hybrid (both, fused by reciprocal rank with constant `rrf_k`). The API and the harness both
-    open their index here."""
+    open their index here. A store `http://HOST:PORT[/NAMESPACE]` is a Chroma server (dense only:
+    BM25 keeps its index in a folder)."""
+    if kind != "dense" and is_server_url(store):
+        raise ConfigError(
+            f"retriever kind={kind} keeps its BM25 index in a store folder, not on the Chroma "
+            f"server {store}: use a folder store, or the dense retriever with the server"
+        )
     if kind == "bm25":
         return BM25Index(store)
-    dense = PassageIndex(store, get_embedder(embedding), child_chars=child_chars)
+    dense = dense_index(store, get_embedder(embedding), child_chars=child_chars)
     return HybridIndex(dense, BM25Index(store), rrf_k=rrf_k) if kind == "hybrid" else dense
 
 
 def open_retriever(settings: Settings) -> Index:
     """Open the index CAPRAG_RETRIEVER chooses: dense, bm25 or hybrid (both, fused)."""
-    return make_index(settings.retriever, settings.chroma_dir, settings.embedding)
+    return make_index(settings.retriever, settings.store, settings.embedding)
 
 
 def ingest_path(path: Path | str, settings: Settings, *, prune: bool = False) -> IngestReport:

@@ -244,6 +244,15 @@ class PassageIndex(ParentCatalog):
     def _parents_file(self, book_id: str) -> Path:
         return self.path / "parents" / self.key / f"{book_id}.json"
 
+    def _write_manifest(self, manifest: dict[str, Any]) -> None:
+        write_json(self._manifest_path, manifest)
+
+    def _write_parents(self, book_id: str, rows: list[dict[str, Any]]) -> None:
+        write_json(self._parents_file(book_id), rows)
+
+    def _drop_parents(self, book_id: str) -> None:
+        self._parents_file(book_id).unlink(missing_ok=True)
+
     # ----- ingest ---------------------------------------------------------------------------
 
     def ingest(
@@ -267,10 +276,10 @@ class PassageIndex(ParentCatalog):
             wanted = {b.meta.book_id for b in books}
             for book_id in sorted(set(manifest) - wanted):
                 self._collection.delete(where={"book_id": book_id})
-                self._parents_file(book_id).unlink(missing_ok=True)
+                self._drop_parents(book_id)
                 del manifest[book_id]
                 report.removed.append(book_id)
-            write_json(self._manifest_path, manifest)
+            self._write_manifest(manifest)
         total = sum(len(b.passages) for b in todo)
         bar = tqdm(total=total, unit="passage", desc="ingest", disable=not progress or not total)
         for book in todo:
@@ -286,17 +295,17 @@ class PassageIndex(ParentCatalog):
         book_id = book.meta.book_id
         # 1. Forget the book first: a crash before step 4 leaves it marked as not ingested.
         manifest.pop(book_id, None)
-        write_json(self._manifest_path, manifest)
+        self._write_manifest(manifest)
         self._collection.delete(where={"book_id": book_id})
         # 2. Embed and add the children, a batch of passages at a time.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="chroma-add") as writer:
             children = self._embed_and_add(book, writer, bar)
         # 3. Store the parents.
         rows = [passage_to_document(p).model_dump() for p in book.passages]
-        write_json(self._parents_file(book_id), rows)
+        self._write_parents(book_id, rows)
         # 4. Record the book as done.
         manifest[book_id] = manifest_entry(book, children)
-        write_json(self._manifest_path, manifest)
+        self._write_manifest(manifest)
         report.added.append(book_id)
         report.passages += len(book.passages)
         report.children += children

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, overload
 
 from caprag.books import Book
+from caprag.chroma_server import store_child
 from caprag.errors import ConfigError
 from experiments.questions import (
     QUESTIONS_DIR,
@@ -123,7 +124,7 @@ class Dataset:
         if self.books is None:
             return {}
         ids = "-".join(book.meta.book_id for book in self.books)
-        return {"books": BookCorpus(self.books), "store": str(Path(store) / f"bench-{ids}")}
+        return {"books": BookCorpus(self.books), "store": store_child(store, f"bench-{ids}")}
 
 
 def load_dataset(
