@@ -25,6 +25,12 @@ def forwarded_env() -> dict[str, str]:
 
 
 OmegaConf.register_new_resolver("caprag_forwarded_env", forwarded_env, replace=True)
+# Ray (2.47+) turns a driver started under `uv run` into a runtime_env that uploads the working
+# folder and runs every worker through `uv run` there, which builds a new environment per node
+# without the `cluster` group (the workers then fail: "No module named 'ray'"). The workers of a
+# machine that has this project's environment use it as it is; RAY_ENABLE_UV_RUN_RUNTIME_ENV=1
+# (with `uv run --group cluster`) restores Ray's behaviour for nodes that do not.
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
 
 def quiet_launcher_schema_warning() -> None:

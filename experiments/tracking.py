@@ -8,6 +8,7 @@ import hashlib
 import json
 import logging
 import os
+import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -153,6 +154,15 @@ def run_info(run_id: str) -> tuple[str, dict[str, str]] | None:
     except mlflow.exceptions.MlflowException:
         return None
     return str(found.info.status), dict(found.data.tags)
+
+
+JOURNAL_TAG = "caprag.journal"
+"""HOST:PATH of the run's journal: a resume needs it, and it is a file on that machine."""
+
+
+def tag_journal(path: Path) -> None:
+    """Record on the active run where its journal is (HOST:PATH)."""
+    mlflow.set_tag(JOURNAL_TAG, f"{socket.gethostname()}:{path.resolve()}")
 
 
 def unfinished_runs(experiment_id: str, config_hash: str) -> list[str]:
