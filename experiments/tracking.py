@@ -113,16 +113,26 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     return flat
 
 
+def sweep_parents(experiment_id: str, sweep_id: str) -> list[str]:
+    """Ids of the sweep's parent runs, the earliest first (ties by run id)."""
+    found = mlflow.search_runs(
+        experiment_ids=[experiment_id],
+        filter_string=f"tags.`caprag.sweep_id` = '{sweep_id}' and tags.`caprag.role` = 'sweep'",
+        output_format="list",
+    )
+    return [
+        str(r.info.run_id) for r in sorted(found, key=lambda r: (r.info.start_time, r.info.run_id))
+    ]
+
+
 def parent_run(experiment_id: str, sweep_id: str, name: str) -> str:
-    """The run that groups a sweep's runs: found by tag, created once (a file lock guards it)."""
+    """The run that groups a sweep's runs: found by tag, created once. A file lock keeps it single
+    on one machine; jobs on several machines (a Ray cluster) that create one at the same time
+    each keep the earliest and delete their own."""
     with file_lock(f"sweep:{sweep_id}"):
-        found = mlflow.search_runs(
-            experiment_ids=[experiment_id],
-            filter_string=f"tags.`caprag.sweep_id` = '{sweep_id}' and tags.`caprag.role` = 'sweep'",
-            output_format="list",
-        )
+        found = sweep_parents(experiment_id, sweep_id)
         if found:
-            return str(found[0].info.run_id)
+            return found[0]
         client = mlflow.MlflowClient()
         run = client.create_run(
             experiment_id,
@@ -130,7 +140,10 @@ def parent_run(experiment_id: str, sweep_id: str, name: str) -> str:
             tags={"caprag.sweep_id": sweep_id, "caprag.role": "sweep"},
         )
         client.set_terminated(run.info.run_id)
-        return str(run.info.run_id)
+        first = sweep_parents(experiment_id, sweep_id)[0]
+        if first != run.info.run_id:
+            client.delete_run(run.info.run_id)
+        return first
 
 
 @contextlib.contextmanager
