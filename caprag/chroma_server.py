@@ -9,6 +9,7 @@ a lease kept in the server itself (a file lock does not cross machines): see `Se
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import os
@@ -17,17 +18,18 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from caprag.books import Book
 from caprag.embeddings import Embedder
 from caprag.errors import ConfigError, VectorStoreError
 from caprag.schemas import Document
-from caprag.store import CHILD_CHARS, PassageIndex
+from caprag.store import CHILD_CHARS, IngestReport, PassageIndex
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +106,10 @@ def connect(address: ServerAddress) -> Any:
     import chromadb
     from chromadb.config import Settings
 
+    # httpx logs every request at INFO: keep that out of a root logger a library set to INFO
+    # (wordllama calls logging.basicConfig on import), or each search prints a line.
+    if logging.getLogger("httpx").level == logging.NOTSET:
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         return chromadb.HttpClient(
             host=address.host,
@@ -217,11 +223,16 @@ class ServerLock:
     def _generations(self) -> list[tuple[int, dict[str, Any]]]:
         """Every generation on the server, oldest first, with its metadata."""
         found = []
-        for collection in self.client.list_collections():
-            name = collection.name
-            if name.startswith(self.prefix) and name[len(self.prefix) :].isdigit():
-                found.append((int(name[len(self.prefix) :]), dict(collection.metadata or {})))
-        return sorted(found, key=lambda item: item[0])
+        offset = 0
+        while True:
+            page = self.client.list_collections(limit=PAGE, offset=offset)
+            for collection in page:
+                name = collection.name
+                if name.startswith(self.prefix) and name[len(self.prefix) :].isdigit():
+                    found.append((int(name[len(self.prefix) :]), dict(collection.metadata or {})))
+            if len(page) < PAGE:
+                return sorted(found, key=lambda item: item[0])
+            offset += PAGE
 
     def acquire(self) -> None:
         """Take the lease: wait for a live holder, take over a stale one; VectorStoreError when
@@ -395,6 +406,8 @@ class ServerPassageIndex(PassageIndex):
             self._client, self.address.collection(f"parents-{self.key}"), "l2"
         )
         self._parents: dict[str, Document] | None = None
+        self._stored: dict[str, Any] | None = None
+        """The manifest as last read or written (writes send only what changed since)."""
 
     def _open(self) -> tuple[Any, Any]:
         client = connect(self.address)
@@ -405,6 +418,30 @@ class ServerPassageIndex(PassageIndex):
             raise VectorStoreError(
                 f"cannot open collection {name} on the Chroma server at {self.url}: {exc}"
             ) from exc
+
+    @contextmanager
+    def _reaching(self) -> Iterator[None]:
+        """Turn a lost connection into a VectorStoreError naming the server and what to start."""
+        import httpx
+
+        try:
+            yield
+        except httpx.TransportError as exc:
+            raise VectorStoreError(
+                f"lost the Chroma server at {self.url} ({exc}): {self.address.start_hint()}"
+            ) from None
+
+    def ingest(
+        self, books: Sequence[Book], *, prune: bool = False, progress: bool = True
+    ) -> IngestReport:
+        """Add new or changed books, skip unchanged ones (by content hash), optionally prune;
+        one job at a time per index across machines (the `ingest-KEY` lease)."""
+        with self._reaching():
+            return super().ingest(books, prune=prune, progress=progress)
+
+    def _search(self, query: str, k: int, within: Sequence[str] | None) -> list[Document]:
+        with self._reaching():
+            return super()._search(query, k, within)
 
     def _lock(self, name: str) -> Any:
         self.lease = ServerLock(
@@ -430,7 +467,9 @@ class ServerPassageIndex(PassageIndex):
 
     def manifest(self) -> dict[str, Any]:
         """Books in the index: id → hash, source path, counts, metadata."""
-        return {book_id: json.loads(doc) for book_id, doc in self._read_all(self._manifest_records)}
+        read = {book_id: json.loads(doc) for book_id, doc in self._read_all(self._manifest_records)}
+        self._stored = copy.deepcopy(read)
+        return read
 
     def parents(self) -> dict[str, Document]:
         """Every indexed passage by id (read once, cached)."""
@@ -444,18 +483,19 @@ class ServerPassageIndex(PassageIndex):
     def _write_manifest(self, manifest: dict[str, Any]) -> None:
         if self.lease is not None:
             self.lease.verify()  # a job that lost the lease must not record books as done
-        stored = set(self.manifest())
-        gone = sorted(stored - set(manifest))
+        stored = self.manifest() if self._stored is None else self._stored
+        gone = sorted(set(stored) - set(manifest))
         if gone:
             self._manifest_records.delete(ids=gone)
-        if manifest:
-            ids = sorted(manifest)
+        ids = sorted(i for i in manifest if stored.get(i) != manifest[i])
+        if ids:
             self._manifest_records.upsert(
                 ids=ids,
                 embeddings=[NO_VECTOR] * len(ids),
                 documents=[json.dumps(manifest[i], ensure_ascii=False) for i in ids],
                 metadatas=[{"hash": str(manifest[i]["hash"])} for i in ids],
             )
+        self._stored = copy.deepcopy(manifest)
 
     def _write_parents(self, book_id: str, rows: list[dict[str, Any]]) -> None:
         self._drop_parents(book_id)
