@@ -31,6 +31,9 @@ OmegaConf.register_new_resolver("caprag_forwarded_env", forwarded_env, replace=T
 # machine that has this project's environment use it as it is; RAY_ENABLE_UV_RUN_RUNTIME_ENV=1
 # (with `uv run --group cluster`) restores Ray's behaviour for nodes that do not.
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+# Ray folds lines that several jobs print alike into one ("[repeated 2x across cluster]"), which
+# cuts rows out of each job's results table: print every job's lines as they are.
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 
 def quiet_launcher_schema_warning() -> None:
