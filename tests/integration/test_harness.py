@@ -104,9 +104,9 @@ def test_experiment_presets_compose(preset: str, tmp_path: Path) -> None:
 
 
 def test_cluster_launcher_configs_exist() -> None:
-    for name in ("ray", "submitit_slurm"):
+    for name, install in (("ray", "--group cluster"), ("submitit_slurm", "pip install")):
         text = (CONF / "hydra" / "launcher" / f"{name}.yaml").read_text()
-        assert "_target_: hydra_plugins." in text and "pip install" in text
+        assert "_target_: hydra_plugins." in text and install in text
 
 
 @pytest.mark.slow
