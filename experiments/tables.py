@@ -54,13 +54,6 @@ def fmt(value: float | None, name: str = "") -> str:
     return f"{value:.3f}"
 
 
-def fmt_cell(value: object) -> str:
-    """A table cell from a pandas value: '—' for missing, 4 significant digits otherwise."""
-    if value is None or not isinstance(value, int | float) or value != value:
-        return "—"
-    return f"{value:.4g}"
-
-
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """A Markdown table (also readable in a terminal)."""
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
