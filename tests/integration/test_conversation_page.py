@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import uuid
 from pathlib import Path
@@ -40,7 +41,8 @@ async def test_the_page_of_a_thread_shows_every_turn_with_what_it_searched_as(
     spec = "memory" if kind == "memory" else f"sqlite:{tmp_path / 'chat.db'}"
     pipeline = offline(fixture_index, spec)
     thread = str(uuid.uuid4())
-    async with api(create_app(pipeline)) as client:
+    async with api(create_app(pipeline)) as client, contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(pipeline.aclose)  # a SQLite store's thread would outlive pytest
         for question in (FIRST, FOLLOW_UP):
             answered = await client.post(
                 "/api/ask", json={"question": question, "thread_id": thread}
