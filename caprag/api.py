@@ -393,11 +393,18 @@ def create_app(pipeline: Pipeline | None = None, settings: Settings | None = Non
         return FeedbackResponse(request_id=request_id, **stored.model_dump())
 
     @app.get("/", response_class=HTMLResponse)
-    async def index() -> str:
-        """The chat page."""
+    async def index(thread_id: UUID | None = None) -> str:
+        """The chat page; `?thread_id=` continues that thread, showing its turns from memory."""
         current = state["pipeline"]
+        thread = str(thread_id) if thread_id else None
+        history = await current.conversation(thread) if thread else []
         return web.page(
-            current.strategy.name, current.steps.backend, current.ladder, current.default_power
+            current.strategy.name,
+            current.steps.backend,
+            current.ladder,
+            current.default_power,
+            thread_id=thread,
+            history=history,
         )
 
     @app.post("/chat", response_class=HTMLResponse, dependencies=[Depends(check_origin)])

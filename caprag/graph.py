@@ -12,6 +12,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 
 from caprag.checkpoint import make_checkpointer
+from caprag.conversation import turn_record
 from caprag.llm.client import StepFailedError
 from caprag.schemas import AnswerWithSources, Source
 from caprag.state import GraphState
@@ -114,7 +115,8 @@ def build_graph(
         by_id = {doc.passage_id: doc for doc in state.context}
         sources = [Source.of(by_id[i]) for i in result.value.source_ids if i in by_id]
         answer = AnswerWithSources(answer=result.value.answer, sources=sources)
-        reply = AIMessage(answer.answer, id=str(uuid.uuid4()))
+        kept = turn_record(state.main_question, sources)  # shown again when a page reloads
+        reply = AIMessage(answer.answer, id=str(uuid.uuid4()), additional_kwargs=kept)
         return {
             "answer": answer,
             "generate_usage": result.usage,

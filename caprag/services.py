@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 from caprag.checkpoint import Retention, close_checkpointer, make_checkpointer, open_checkpointer
 from caprag.clock import Clock
 from caprag.config import ROLE_NAMES, PowerChoice, Settings, load_settings
+from caprag.conversation import Turn, turns
 from caprag.deadline import (
     CURRENT,
     Deadline,
@@ -288,6 +289,11 @@ class Pipeline:
             return []
         return list(saved.checkpoint["channel_values"].get("messages", []))
 
+    async def conversation(self, thread_id: str) -> list[Turn]:
+        """The thread's turns as its memory holds them (the last `history_window` answered ones,
+        and a question still open), oldest first; empty for a thread never seen."""
+        return turns(await self.history(thread_id))
+
     async def forget(self, thread_id: str) -> None:
         """Delete a conversation's memory (an evaluation case's thread once its last turn ends)."""
         await self.open()
@@ -517,10 +523,16 @@ def retention_from_settings(settings: Settings) -> Retention:
     )
 
 
-def build_pipeline(settings: Settings | None = None, *, ingest: bool = True) -> Pipeline:
+def build_pipeline(
+    settings: Settings | None = None,
+    *,
+    ingest: bool = True,
+    checkpointer: BaseCheckpointSaver[Any] | None = None,
+) -> Pipeline:
     """Open (and bring up to date) the index CAPRAG_RETRIEVER chooses, then build LLM, strategy
     and graph from settings. The conversation store is opened by `Pipeline.open()` (or the first
-    turn), in the event loop that will use it."""
+    turn), in the event loop that will use it; a given `checkpointer` is used instead (pipelines
+    sharing one continue each other's threads)."""
     from caprag.ingest import ingest_path, open_retriever
 
     settings = settings or load_settings()
@@ -535,7 +547,8 @@ def build_pipeline(settings: Settings | None = None, *, ingest: bool = True) -> 
     return Pipeline(
         strategy,
         steps,
-        open_saver=opener,
+        checkpointer=checkpointer,
+        open_saver=None if checkpointer is not None else opener,
         timeout_s=settings.request_timeout_s,
         decision_log=decision_log_from_settings(settings),
         default_power=settings.power,

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from html import escape
 
 from caprag.config import PowerChoice
+from caprag.conversation import Turn
 from caprag.decision_log import DecisionRecord, Feedback
+from caprag.schemas import Source
 from caprag.services import AskResult
 
 HTMX = "/static/vendor/htmx-2.0.11.min.js"
@@ -40,7 +44,9 @@ PAGE = """<!doctype html>
 <body>
 <h1>Ask the Cinderwake rulebooks</h1>
 <p class="meta">strategy <b>{strategy}</b> · LLM <b>{llm}</b>{ladder}
- · thread <code id="thread-label"></code> · <a href="/docs">API</a></p>
+ · thread <code id="thread-label"></code>
+ · <a href="/" id="new-conversation" title="Start a new thread (this one stays at its link)">new
+ conversation</a> · <a href="/docs">API</a></p>
 <form hx-post="/chat" hx-target="#conversation" hx-swap="beforeend"
       hx-on::after-request="if(event.detail.successful) this.question.value=''">
   <input type="hidden" name="thread_id" id="thread_id">
@@ -49,9 +55,16 @@ PAGE = """<!doctype html>
 {power}  <button type="submit">Ask</button>
   <span class="htmx-indicator">thinking…</span>
 </form>
-<div id="conversation"></div>
+<div id="conversation">{history}</div>
 <script>
-  const thread = crypto.randomUUID();
+  // The thread lives in the address (?thread_id=...): a reload shows it again from memory.
+  const given = {thread};
+  const thread = given || crypto.randomUUID();
+  if (!given) {{
+    const url = new URL(window.location.href);
+    url.searchParams.set("thread_id", thread);
+    window.history.replaceState(null, "", url);
+  }}
   document.getElementById("thread_id").value = thread;
   document.getElementById("thread-label").textContent = thread;
   document.body.addEventListener("htmx:responseError", (e) => {{
@@ -73,10 +86,15 @@ def page(
     llm: str,
     ladder: list[int] | None = None,
     default_power: PowerChoice = 2,
+    thread_id: str | None = None,
+    history: Sequence[Turn] = (),
 ) -> str:
     """The whole chat page; with a depth ladder (adaptive), the ladder and a power control whose
-    preselected choice is the server's default."""
+    preselected choice is the server's default. With a thread id, the page continues that
+    thread and shows its earlier turns (`history`); without, the browser starts a new one."""
     return PAGE.format(
+        thread=json.dumps(thread_id or ""),
+        history="".join(past_turn(t) for t in history),
         htmx=HTMX,
         strategy=escape(strategy),
         llm=escape(llm),
@@ -150,18 +168,38 @@ def feedback_recorded(request_id: str, feedback: Feedback) -> str:
     )
 
 
-def turn(result: AskResult) -> str:
-    """One answered turn: answer, sources (book, page), trace summary."""
-    rewrite = ""
-    if result.main_question != result.question:
-        rewrite = f'<div class="rewrite">searched as: {escape(result.main_question)}</div>'
-    sources = (
-        "".join(
-            f"<li>{escape(s.book_title or s.book_id)}, p. {s.page} — {escape(s.section)}</li>"
-            for s in result.sources
-        )
-        or "<li>none</li>"
+def sources_view(sources: Sequence[Source]) -> str:
+    """A turn's sources: book, page, section."""
+    items = "".join(
+        f"<li>{escape(s.book_title or s.book_id)}, p. {s.page} — {escape(s.section)}</li>"
+        for s in sources
     )
+    return f'<div class="sources">Sources:<ul>{items or "<li>none</li>"}</ul></div>'
+
+
+def searched_as(main_question: str) -> str:
+    """The standalone question retrieval searched with (a follow-up's rewrite)."""
+    return f'<div class="rewrite">searched as: {escape(main_question)}</div>'
+
+
+def past_turn(kept: Turn) -> str:
+    """An earlier turn of the thread, as its memory holds it: question, what it was searched
+    as, answer and sources."""
+    if kept.answer is None:
+        answer = '<div class="trace error">no answer was kept for this question</div>'
+    else:
+        answer = f'<div class="answer">{escape(kept.answer)}</div>{sources_view(kept.sources)}'
+    return (
+        f'<div class="turn past"><div class="q">{escape(kept.question)}</div>'
+        f"{searched_as(kept.main_question)}{answer}"
+        '<div class="meta">earlier turn, from this thread’s memory</div></div>'
+    )
+
+
+def turn(result: AskResult) -> str:
+    """One answered turn: question, what it was searched as, answer, sources (book, page), trace
+    summary."""
+    rewrite = searched_as(result.main_question)
     hops = "; ".join(
         f"hop {h.hop}: {len(h.queries)} quer{'y' if len(h.queries) == 1 else 'ies'}, "
         f"{h.new_documents} new"
@@ -198,7 +236,7 @@ def turn(result: AskResult) -> str:
         f'<div class="q">{escape(result.question)}</div>{rewrite}'
         f'<div class="answer">{escape(result.answer)}</div>'
         f"{no_answer}"
-        f'<div class="sources">Sources:<ul>{sources}</ul></div>'
+        f"{sources_view(result.sources)}"
         f'<div class="trace">{result.hop_count} hop(s) · {tokens} tokens · '
         f"${result.cost_usd:.6f} · {result.latency_s:.2f} s · {escape(hops)}</div>"
         f"{adaptive}{feedback}</div>"

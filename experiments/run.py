@@ -19,6 +19,7 @@ from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import InstantiationException
 from hydra.types import RunMode
 from hydra.utils import instantiate
@@ -672,7 +673,9 @@ class RunIdentity:
             journal.close(remove=True)
             return
         parent = (
-            tracking.parent_run(self.experiment_id, sweep_id, f"sweep {self.cfg.experiment.name}")
+            tracking.parent_run(
+                self.experiment_id, sweep_id, sweep_name(self.cfg, sweep_id, self.dataset.name)
+            )
             if sweep_id and self.resume_id is None
             else None
         )
@@ -686,6 +689,40 @@ class RunIdentity:
             with _kept_on_failure(journal):
                 yield journal, run_id
         journal.close(remove=True)
+
+
+def swept(sweep_dir: str | Path) -> list[str]:
+    """The overrides a Hydra sweep varies (`strategy=single,multi-hop`, `k=range(5,20,5)`), as
+    typed: the sweeper's `params` and the command line's sweep overrides, read from the
+    `multirun.yaml` Hydra saves in the sweep folder before any job starts (empty when absent)."""
+    saved = Path(sweep_dir) / "multirun.yaml"
+    if not saved.is_file():
+        return []
+    loaded = OmegaConf.load(saved)
+    hydra_cfg = loaded.get("hydra") if isinstance(loaded, DictConfig) else None
+    if not isinstance(hydra_cfg, DictConfig):
+        return []
+    params = OmegaConf.select(hydra_cfg, "sweeper.params") or {}
+    given = [f"{key}={value}" for key, value in params.items()]
+    given += [str(o) for o in OmegaConf.select(hydra_cfg, "overrides.task") or []]
+    parsed = OverridesParser.create().parse_overrides(given)
+    return [
+        f"{o.key_or_group}={o.input_line.split('=', 1)[1]}"
+        for o in parsed
+        if o.is_sweep_override() and o.input_line is not None
+    ]
+
+
+def sweep_name(cfg: DictConfig, sweep_dir: str | Path, dataset: str) -> str:
+    """The sweep's parent run name: what it varies and on which dataset, e.g.
+    `sweep strategy=single,multi-hop · curated` (a preset's name leads when one is chosen; the
+    dataset is left out when it is itself swept)."""
+    varied = swept(sweep_dir)
+    words = [] if str(cfg.experiment.name) == "default" and varied else [str(cfg.experiment.name)]
+    name = " ".join(["sweep", *words, *varied])
+    if any(v.split("=", 1)[0] == "dataset" for v in varied):
+        return name
+    return f"{name} · {dataset}"
 
 
 @contextlib.contextmanager

@@ -135,7 +135,8 @@ def test_ask_page_answers_live_with_the_same_trace(
     at.button(key="ask_go").click().run(timeout=180)
     assert not at.exception and not at.error, [e.value for e in at.error]
     subheaders = [s.value for s in at.subheader]
-    assert subheaders[:2] == ["Hop 1", "Hop 2"] and "Answer" in subheaders
+    assert subheaders[:4] == ["Conversation · 1 turn(s)", "Trace of turn 1", "Hop 1", "Hop 2"]
+    assert "Answer" in subheaders
     assert "multi-hop · 2 hop(s)" in texts(at) or "multi-hop · 3 hop(s)" in texts(at)
     assert "fighting" in set(at.table[0].value["book"])
     sources = at.table[-1].value

@@ -1,5 +1,11 @@
-"""Ask: answer one question live with a chosen strategy, LLM backend and rule or model per step,
-and show its trace with the LLM calls it made."""
+"""Ask: answer questions live with a chosen strategy, LLM backend and rule or model per step; show
+the whole conversation of the thread (each turn's question, what it was searched as, answer and
+sources) and the latest turn's trace with the LLM calls it made.
+
+The turns shown are the ones this browser session asked (kept in its session state, so a turn
+keeps the strategy and settings it was asked with); the conversation's memory, which rewrites
+follow-ups, is one in-memory store shared by every pipeline the page builds, so a thread goes on
+when the strategy or backend changes between turns."""
 
 from __future__ import annotations
 
@@ -11,13 +17,14 @@ from typing import Any
 
 import streamlit as st
 
+from caprag.checkpoint import make_checkpointer
 from caprag.config import Settings, load_settings
 from caprag.errors import CapragError
 from caprag.schemas import Document
-from caprag.services import AskResult, Pipeline, build_pipeline
+from caprag.services import AskResult, Pipeline, build_pipeline, retention_from_settings
 from caprag.steps import CHOICES, ROLES
 from caprag.strategies import STRATEGIES
-from experiments.dashboard.data import decision_log, decision_table
+from experiments.dashboard.data import TraceView, decision_log, decision_table
 from experiments.dashboard.trace_view import render_trace, trace_from_result
 
 DEFAULT_STRATEGY = "multi-hop"
@@ -28,10 +35,18 @@ RETRIEVERS = {"dense": "dense (embeddings)", "bm25": "bm25 (lexical)", "hybrid":
 TIMEOUT_S = 300
 
 
+@st.cache_resource
+def conversation_memory(_settings: Settings) -> Any:
+    """One in-memory conversation store for every pipeline of the page (a thread continues when
+    the strategy changes); a SQLite CAPRAG_CHECKPOINTER is shared through its file instead."""
+    return make_checkpointer("memory", retention_from_settings(_settings))
+
+
 @st.cache_resource(show_spinner="Building the pipeline (indexing new books on first use)…")
 def pipeline(key: str, _settings: Settings) -> tuple[Pipeline, dict[str, str]]:
     """The pipeline for the settings (`key`: them as JSON), and each passage's section title."""
-    built = build_pipeline(_settings)
+    shared = conversation_memory(_settings) if _settings.checkpointer == "memory" else None
+    built = build_pipeline(_settings, checkpointer=shared)
     parents: dict[str, Document] = getattr(built.strategy.retriever, "parents", dict)()
     return built, {pid: doc.section for pid, doc in parents.items()}
 
@@ -78,6 +93,21 @@ def render_decision_log(hops: list[dict[str, Any]], max_depth: int | None) -> No
         f"threshold) · decision `{last['decision']}`"
     )
     st.table(decision_table(log), hide_index=True)
+
+
+def sources_text(result: AskResult) -> str:
+    """A turn's sources as a markdown list: book, page, section."""
+    lines = [f"- {s.book_title or s.book_id}, p. {s.page} — {s.section}" for s in result.sources]
+    return "\n".join(lines) or "- none"
+
+
+def render_turn(number: int, result: AskResult, caption: str) -> None:
+    """One turn of the conversation: question, what it was searched as, answer, sources."""
+    st.markdown(f"**Turn {number}:** {result.question}")
+    st.caption(f"searched as: {result.main_question}")
+    st.write(result.answer or "— (no answer)")
+    st.markdown("Sources:\n" + sources_text(result))
+    st.caption(caption)
 
 
 def step_choices(llm: str) -> dict[str, str]:
@@ -144,6 +174,7 @@ if fresh.button(
 ):
     st.session_state.pop("ask_thread", None)
     st.session_state.pop("ask_result", None)
+    st.session_state.pop("ask_turns", None)
     st.session_state.pop("ask_steps", None)
 if go.button("Ask", type="primary", key="ask_go", disabled=settings is None):
     assert settings is not None
@@ -160,22 +191,33 @@ if go.button("Ask", type="primary", key="ask_go", disabled=settings is None):
         st.session_state["ask_max_depth"] = getattr(budget, "max_depth", None)
         st.session_state["ask_steps"] = built.steps.describe()
         st.session_state["ask_used_retriever"] = retriever
+        caption = (
+            f"{result.strategy}{st.session_state['ask_used_power']} · {result.hop_count} hop(s) · "
+            f"{retriever} retriever · {result.prompt_tokens} prompt + {result.completion_tokens} "
+            f"completion tokens · ${result.cost_usd:.6f} · {result.latency_s:.2f} s · "
+            f"steps chosen: {st.session_state['ask_steps']}"
+        )
+        st.session_state.setdefault("ask_turns", []).append((result, caption))
     except CapragError as exc:
         st.error(f"{type(exc).__name__}: {exc}")
     except TimeoutError:
         st.error(f"No answer within {TIMEOUT_S} s.")
-stored = st.session_state.get("ask_result")
-if stored is None:
+stored: tuple[TraceView, AskResult] | None = st.session_state.get("ask_result")
+turns: list[tuple[AskResult, str]] = st.session_state.get("ask_turns", [])
+if stored is None or not turns:
     st.info("Type a question and press Ask. The offline backend needs no key.")
 else:
     view, result = stored
+    st.subheader(f"Conversation · {len(turns)} turn(s)")
     st.caption(
-        f"{result.strategy}{st.session_state.get('ask_used_power', '')} · "
-        f"{result.hop_count} hop(s) · "
-        f"{st.session_state.get('ask_used_retriever', '?')} retriever · "
-        f"{result.prompt_tokens} prompt + "
-        f"{result.completion_tokens} completion tokens · ${result.cost_usd:.6f} · "
-        f"{result.latency_s:.2f} s · steps chosen: {st.session_state.get('ask_steps', '?')}"
+        f"thread {st.session_state.get('ask_thread', '?')} · follow-ups are rewritten into a "
+        "standalone question from the earlier turns (shown as “searched as”)"
     )
+    for number, (earlier, caption) in enumerate(turns[:-1], start=1):
+        with st.container(border=True):
+            render_turn(number, earlier, caption)
+    with st.container(border=True):
+        render_turn(len(turns), result, turns[-1][1])
+    st.subheader(f"Trace of turn {len(turns)}")
     render_decision_log(view.hops, st.session_state.get("ask_max_depth"))
     render_trace(view)
