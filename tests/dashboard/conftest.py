@@ -3,8 +3,10 @@ calls, and an empty store."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import pytest
@@ -13,7 +15,11 @@ from caprag.schemas import CallUsage
 from experiments.evaluate import QuestionRow
 from experiments.run import run
 from experiments.tracking import TABLE, mlflow, use_experiment
+from tests.browsers import launch_chromium
 from tests.integration.test_harness import make_cfg
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser
 
 
 @dataclass(frozen=True)
@@ -223,3 +229,16 @@ def lone_adaptive_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
             mlflow.log_table(pd.DataFrame(rows), artifact_file=TABLE)
         ids[strategy] = logged.info.run_id
     return Store(uri, ids)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """Debian's chromium driven by Playwright (skipped only where chromium is not installed)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = launch_chromium(playwright)
+        try:
+            yield launched
+        finally:
+            launched.close()

@@ -13,7 +13,6 @@ from playwright.sync_api import Browser, Page
 
 from caprag.config import PROJECT_ROOT
 from experiments.servers import free_port, running
-from tests.browsers import launch_chromium
 from tests.conftest import FIXTURE_BOOKS
 from tests.dashboard.conftest import Store
 
@@ -53,19 +52,6 @@ def server(harness_store: Store, tmp_path_factory: pytest.TempPathFactory) -> It
     """The dashboard served on a free port against the harness store; always stopped."""
     with dashboard_server(harness_store.uri, tmp_path_factory.mktemp("browser")) as base:
         yield base
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    """Debian's chromium driven by Playwright (skipped only where chromium is not installed)."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        launched = launch_chromium(playwright)
-        try:
-            yield launched
-        finally:
-            launched.close()
 
 
 def visit(browser: Browser, url: str, wait_for: str, height: int = 1400) -> Page:

@@ -16,7 +16,6 @@ from tests.dashboard.test_adaptive_pages import IMPOSSIBLE
 from tests.dashboard.test_browser import (
     SHOTS,
     TEXT_TIMEOUT_MS,
-    browser,  # noqa: F401  (the module's chromium fixture)
     dashboard_server,
     settle,
     visit,
@@ -35,7 +34,7 @@ def server(routing_store: Store, tmp_path_factory: pytest.TempPathFactory) -> It
 
 
 @pytest.fixture(scope="module")
-def app(server: str, browser: Browser) -> str:  # noqa: F811
+def app(server: str, browser: Browser) -> str:
     """The server once its main script has run: until then Streamlit serves a page opened by its
     URL on its own (its file name in the sidebar, none of app.py's navigation or layout)."""
     page = visit(browser, server, "Reload runs")
@@ -43,7 +42,7 @@ def app(server: str, browser: Browser) -> str:  # noqa: F811
     return server
 
 
-def open_page(browser: Browser, url: str, wait_for: str) -> Page:  # noqa: F811
+def open_page(browser: Browser, url: str, wait_for: str) -> Page:
     """A page of the app (shown inside app.py's navigation, whose sidebar has 'Reload runs')."""
     page = visit(browser, url, wait_for, height=2400)
     assert page.get_by_role("button", name="Reload runs").is_visible()
@@ -106,7 +105,7 @@ def rows(table: Locator) -> list[list[str]]:
     ]
 
 
-def test_ask_page_runs_adaptive_at_each_power(app: str, browser: Browser) -> None:  # noqa: F811
+def test_ask_page_runs_adaptive_at_each_power(app: str, browser: Browser) -> None:
     page = open_page(browser, f"{app}/ask", "Type a question and press Ask")
     power = page.locator("[data-testid='stRadio']")
     assert power.locator("input").first.is_disabled()  # multi-hop: nothing to force
@@ -129,7 +128,7 @@ def test_ask_page_runs_adaptive_at_each_power(app: str, browser: Browser) -> Non
 
 def test_savings_and_deeper_questions_open_their_trace(
     app: str,
-    browser: Browser,  # noqa: F811
+    browser: Browser,
     routing_store: Store,
 ) -> None:
     page = open_page(browser, f"{app}/compare", "Queries that needed deeper search")
@@ -161,7 +160,7 @@ def test_savings_and_deeper_questions_open_their_trace(
 
 def test_oracle_router_beside_each_strategy(
     app: str,
-    browser: Browser,  # noqa: F811
+    browser: Browser,
     routing_store: Store,
 ) -> None:
     page = open_page(browser, f"{app}/compare", "Perfect router:")

@@ -15,10 +15,9 @@ from experiments.questions import load_questions
 from experiments.scoring import regressions as reg
 from experiments.tracking import TABLE, mlflow
 from tests.dashboard.conftest import Store
-from tests.dashboard.test_browser import (  # noqa: F401  (browser: a fixture)
+from tests.dashboard.test_browser import (
     SHOTS,
     TEXT_TIMEOUT_MS,
-    browser,
     dashboard_server,
     settle,
     visit,
@@ -60,7 +59,7 @@ def shoot(page: Page, name: str) -> Path:
 
 def test_a_link_opens_the_regressions_view_and_the_traces(
     server: str,
-    browser: Browser,  # noqa: F811  (the fixture imported above)
+    browser: Browser,
     harness_store: Store,
     tmp_path: Path,
 ) -> None:
@@ -121,7 +120,7 @@ def test_a_link_opens_the_regressions_view_and_the_traces(
 
 def test_runs_and_compare_read_their_runs_from_the_url(
     server: str,
-    browser: Browser,  # noqa: F811  (the fixture imported above)
+    browser: Browser,
     harness_store: Store,
 ) -> None:
     hop = harness_store.runs["multi-hop"]

@@ -14,7 +14,6 @@ from tests.dashboard.conftest import Store
 from tests.dashboard.test_browser import (
     SHOTS,
     TEXT_TIMEOUT_MS,
-    browser,  # noqa: F401  (the module's chromium fixture)
     dashboard_server,
     settle,
 )
@@ -31,7 +30,7 @@ def app(routing_store: Store, tmp_path_factory: pytest.TempPathFactory) -> Itera
         yield base
 
 
-def wide(browser: Browser, url: str, wait_for: str, height: int = 1000) -> Page:  # noqa: F811
+def wide(browser: Browser, url: str, wait_for: str, height: int = 1000) -> Page:
     """A fresh 1440 px wide page at url, once `wait_for` shows and the script has finished."""
     page = browser.new_page(viewport={"width": WIDE, "height": height})
     page.goto(url)
@@ -64,7 +63,7 @@ def logged(store: Store) -> pd.DataFrame:
 
 def test_runs_page_shows_picked_metrics_rounded_at_1440(
     app: str,
-    browser: Browser,  # noqa: F811
+    browser: Browser,
     routing_store: Store,
 ) -> None:
     page = wide(browser, app, "4 of 4 runs")
@@ -99,7 +98,7 @@ def test_runs_page_shows_picked_metrics_rounded_at_1440(
 
 def test_compare_sliced_to_cross_book(
     app: str,
-    browser: Browser,  # noqa: F811
+    browser: Browser,
     routing_store: Store,
 ) -> None:
     page = wide(browser, f"{app}/compare", "Cost vs quality", height=3000)

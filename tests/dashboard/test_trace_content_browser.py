@@ -4,7 +4,6 @@ and reply are there verbatim, and "Open in MLflow" points at the question's own 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -15,7 +14,6 @@ from experiments import traces
 from experiments.dashboard.store import trace_url
 from experiments.evaluate import QuestionRow
 from experiments.tracking import TABLE, mlflow, use_experiment
-from tests.browsers import launch_chromium
 from tests.dashboard.conftest import (
     REPLY,
     SYSTEM_PROMPT,
@@ -80,18 +78,6 @@ def content_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     run_id = logged.info.run_id
     traces.write_traces([row], traces.Target(uri, experiment, run_id, "multi-hop"))
     return Store(uri, {"content": run_id, "experiment": experiment})
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        launched = launch_chromium(playwright)
-        try:
-            yield launched
-        finally:
-            launched.close()
 
 
 def test_trace_viewer_opens_passage_texts_and_llm_messages(
