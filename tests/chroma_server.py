@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import socket
-import subprocess
+import os
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import pytest
+
+from experiments.servers import free_port, running
+
+__all__ = ["START_DEADLINE_S", "chroma_cli", "chroma_server", "free_port"]
 
 START_DEADLINE_S = 180.0
 """Only a hang guard: a loaded 2-core machine may take long to start the server."""
@@ -22,14 +23,6 @@ def chroma_cli() -> Path:
     return Path(sys.executable).parent / "chroma"
 
 
-def free_port() -> int:
-    """A loopback port nobody listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 @contextmanager
 def chroma_server(folder: Path) -> Iterator[str]:
     """Run `chroma run --path folder` on 127.0.0.1 until the block ends; yields its URL."""
@@ -38,34 +31,12 @@ def chroma_server(folder: Path) -> Iterator[str]:
         pytest.skip(f"the chroma command is not installed at {cli} (it comes with chromadb)")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    log = (folder / "server.log").open("wb")
-    process = subprocess.Popen(
-        [str(cli), "run", "--path", str(folder / "db"), "--host", "127.0.0.1", "--port", str(port)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        deadline = time.monotonic() + START_DEADLINE_S
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(
-                    f"chroma run exited with {process.returncode}: "
-                    + (folder / "server.log").read_text(errors="replace")[-2000:]
-                )
-            try:
-                if httpx.get(f"{url}/api/v2/heartbeat", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"chroma run did not answer on {url} in {START_DEADLINE_S}s")
-            time.sleep(0.2)
+    command = [str(cli), "run", "--path", str(folder / "db"), "--host", "127.0.0.1"]
+    with running(
+        [*command, "--port", str(port)],
+        f"{url}/api/v2/heartbeat",
+        dict(os.environ),
+        folder / "server.log",
+        START_DEADLINE_S,
+    ):
         yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
