@@ -12,6 +12,9 @@ import streamlit as st
 from caprag.services import AskResult
 from experiments.dashboard.data import TraceView, call_line, hop_documents, is_rule, steps_ran
 from experiments.evaluate import trace_of
+from experiments.scoring.failures import failure_tags
+from experiments.scoring.regressions import METRICS
+from experiments.tables import fmt
 from experiments.traces import case_key, passage_texts, trace_id_of
 
 
@@ -20,6 +23,23 @@ def trace_id(run_id: str, row: Mapping[str, Any]) -> str:
     repeat = row.get("repeat")
     repeat = int(repeat) if repeat is not None and not pd.isna(repeat) else 0
     return trace_id_of(run_id, case_key(repeat, str(row.get("question_id", ""))))
+
+
+def render_scores(row: Mapping[str, Any]) -> None:
+    """A logged question's scores and failure tags, above its trace: how it did, and what the
+    trace says went wrong (`experiments.scoring.failures`)."""
+    scores = []
+    for name, metric in METRICS.items():
+        value = row.get(name)
+        if value is None or isinstance(value, str) or pd.isna(value):
+            continue
+        scores.append(f"{metric.label} **{fmt(float(value), name)}**")
+    st.markdown("**Scores:** " + (" · ".join(scores) or "none recorded"))
+    tags = failure_tags(row)
+    if tags:
+        st.warning("**Failure tags:** " + ", ".join(tags))
+    else:
+        st.caption("Failure tags: none")
 
 
 def trace_from_result(result: AskResult, sections: dict[str, str]) -> TraceView:

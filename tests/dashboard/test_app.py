@@ -110,6 +110,10 @@ def test_trace_viewer_shows_hops_answer_and_gold(harness_store: Store, monkeypat
     assert "fighting" in set(first_hop["book"])
     assert "★ gold" in set(first_hop["gold"])
     assert "4, halved for an Old Soldier" in shown  # the gold answer
+    scores = next(m.value for m in at.markdown if m.value.startswith("**Scores:**"))
+    assert "gold-passage recall@k **1.000**" in scores  # multi-hop found both gold passages
+    # its hop-2 query ("Old Soldier") shares no term with the question: the drift tag shows
+    assert [w.value for w in at.warning] == ["**Failure tags:** query drift"]
     gold = at.table[-1].value
     assert set(gold["passage"]) == {"fighting/flurry", "gifts/old-soldier"}
     link = at.get("link_button")[0]

@@ -6,7 +6,7 @@ import streamlit as st
 
 from experiments.dashboard import selection, store
 from experiments.dashboard.data import schema_warning, trace_from_row
-from experiments.dashboard.trace_view import render_trace, trace_id
+from experiments.dashboard.trace_view import render_scores, render_trace, trace_id
 
 st.title("Trace viewer")
 runs = selection.require_runs()
@@ -53,4 +53,5 @@ st.link_button(
     "Open this question's trace in the MLflow UI",
     store.trace_url(str(run["experiment_id"]), trace_id(str(run["run_id"]), rows.loc[question])),
 )
+render_scores(rows.loc[question].to_dict())
 render_trace(trace_from_row(rows.loc[question]))
