@@ -122,6 +122,11 @@ def test_compare_sliced_to_cross_book(
     assert prompt.locator("th, td").nth(column).inner_text().strip() == expected
     assert page.locator(".js-plotly-plot").first.is_visible()
     shoot(page, "compare-cross_book")
+    # the slice is in the address: a copied link opens the same slice
+    assert "by=set" in page.url and "slice=cross_book" in page.url, page.url
+    copied = wide(browser, page.url, "Cost vs quality", height=3000)
+    copied.get_by_text("question set cross_book", exact=False).first.wait_for()
+    copied.close()
     page.get_by_text("USD / question", exact=True).click()
     settle(page)
     scatter = page.locator(".js-plotly-plot").first

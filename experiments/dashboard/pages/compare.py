@@ -248,18 +248,22 @@ st.header("Metrics")
 ALL = "All questions"
 SLICE_BY = {ALL: None, **{f"By {name}": by for by, name in DIMENSION_LABELS.items()}}
 s1, s2 = st.columns([2, 1])
+selection.seed("slice_by", "by", list(SLICE_BY), text=lambda label: SLICE_BY[label] or "all")
 dim: Dimension | None = SLICE_BY[s1.radio("Slice", list(SLICE_BY), horizontal=True, key="slice_by")]
+selection.share("slice_by", "by", dim or "all")
 keys: list[str] = keys_of(tables, dim) if dim is not None else []
 key: str | None = None
 if dim is not None and not keys:
     s2.info(f"These runs' per-question tables have no {DIMENSION_LABELS[dim]}.")
 elif dim is not None:
+    selection.seed(f"slice_{dim}", "slice", keys)
     key = s2.selectbox(
         DIMENSION_LABELS[dim].capitalize(),
         keys,
         index=keys.index("cross_book") if "cross_book" in keys else 0,
         key=f"slice_{dim}",
     )
+selection.share(f"slice_{dim}", "slice", key)
 sliced_tables, shown_runs = tables, picked
 if dim is not None and key is not None:
     sliced_tables = {rid: rows_in(t, dim, key) for rid, t in tables.items()}
