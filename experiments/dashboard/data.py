@@ -125,6 +125,10 @@ def schema_warning(run: pd.Series) -> str | None:
     return None
 
 
+COST_PER_1K = "cost $ / 1,000 questions"
+"""How the dashboard's tables show `cost_usd` (dollars per question are too small to read)."""
+
+
 def metric_table(runs: pd.DataFrame, metrics: Sequence[tuple[str, str]] = SHOWN) -> pd.DataFrame:
     """Metrics side by side, one column per run: 'value (n/total)' where coverage is partial."""
     table: dict[str, list[str]] = {}
@@ -134,13 +138,17 @@ def metric_table(runs: pd.DataFrame, metrics: Sequence[tuple[str, str]] = SHOWN)
         cells = []
         for name, _label in shown:
             value = run.get(name)
-            cell = fmt(None if pd.isna(value) else float(value), name)
+            if name == "cost_usd" and pd.notna(value):  # as on the Runs page
+                cell = f"${float(value) * 1000:.3f}"
+            else:
+                cell = fmt(None if pd.isna(value) else float(value), name)
             share = run.get(f"{name}.coverage")
             if pd.notna(share) and pd.notna(total) and float(share) < 1.0:
                 cell += f" ({round(float(share) * float(total))}/{int(total)})"
             cells.append(cell)
         table[str(run["label"])] = cells
-    return pd.DataFrame(table, index=[label for _, label in shown])
+    labels = [COST_PER_1K if name == "cost_usd" else label for name, label in shown]
+    return pd.DataFrame(table, index=labels)
 
 
 def pareto_front(frame: pd.DataFrame, cost: str, quality: str) -> pd.Series:
