@@ -65,6 +65,17 @@ def test_significance_of_two_harness_runs_matches_the_logged_tables(
     assert f"{len(a)} questions paired; 0 only in A, 0 only in B" in caption
     assert "At p < 0.05" in caption
 
+    # The test follows the set filter: paired on the cross_book questions only.
+    at.multiselect(key="reg_set").set_value(["cross_book"]).run()
+    cross = a[a["set"] == "cross_book"]
+    on_cross = table_rows(compare_runs(cross, b[b["set"] == "cross_book"]))
+    assert significance_table(at).reset_index().astype(str).values.tolist() == [
+        row[: len(shown.columns) + 1] for row in on_cross
+    ]
+    caption = texts(at)
+    assert f"on the {len(cross)} questions the set, type and tag filters keep" in caption
+    assert f"{len(cross)} questions paired" in caption
+
 
 @pytest.fixture(scope="module")
 def synthetic_store(tmp_path_factory: pytest.TempPathFactory) -> Store:

@@ -126,4 +126,17 @@ st.caption(
     + " · reference text and answer aliases are not in a run's table and are left empty"
 )
 
-render_significance(by_id.loc[run_a], by_id.loc[run_b], labels)
+# The test follows the set, type and tag filters (not the change filter: picking only the
+# questions that got worse would make any difference look significant).
+narrowed = len(scope) < len(frame)
+if narrowed and scope.empty:
+    st.subheader("Significance")
+    st.info("No question matches the set, type and tag filters: nothing to test.")
+    st.stop()
+render_significance(
+    by_id.loc[run_a],
+    by_id.loc[run_b],
+    labels,
+    only=tuple(sorted(set(scope["question_id"].astype(str)))) if narrowed else (),
+    scope=f"on the {len(scope)} questions the set, type and tag filters keep" if narrowed else "",
+)
