@@ -62,7 +62,8 @@ def plot_recall_per_hop(runs: list[LoadedRun], path: Path) -> None:
     ax.set_ylabel("cumulative gold-passage recall")
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # runs without per-hop recall draw no line
+        ax.legend(fontsize=8)
     ax.set_title("Recall per hop")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
