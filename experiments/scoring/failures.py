@@ -95,13 +95,20 @@ def overlap(query: str, reference: str) -> float:
 
 
 def drift(row: Mapping[Any, Any], hops: Sequence[dict[str, Any]] | None = None) -> float:
-    """The lowest overlap of any query issued for the question (1.0 when none was issued)."""
+    """The lowest overlap of any query issued for the question (1.0 when none was issued).
+
+    A hop's query is held against the question, its rewrite and what earlier hops retrieved
+    (each passage's id, section and kept text): a later hop that follows a reference found in a
+    passage ("see Old Soldier") follows the evidence, it does not drift from it."""
     question = str(row.get("question") or "")
     main = str(row.get("main_question") or "")
     scores = [overlap(main, question)] if main and main != question else []
-    reference = f"{question} {main}"
+    evidence = [question, main]
     for hop in _list(row.get("trace")) if hops is None else hops:
+        reference = " ".join(evidence)
         scores += [overlap(str(q), reference) for q in hop.get("queries") or []]
+        for doc in hop.get("documents") or []:
+            evidence += [str(doc.get(key) or "") for key in ("passage_id", "section", "text")]
     return min(scores, default=1.0)
 
 

@@ -79,6 +79,13 @@ def test_query_drift_when_a_query_shares_little_with_the_question() -> None:
     assert overlap(close, QUESTION) == 1.0
     assert drift(row([hop(1, [QUESTION, close], ["a/x", "b/y"])])) == 1.0
     # the rewrite is held against the question: a follow-up keeps its words
+    # a later hop that follows what an earlier hop retrieved does not drift: the wandering
+    # query's words are in hop 1's passage text
+    found = hop(1, [QUESTION], ["a/x"], decision=analyzed(False, [wandering]))
+    found["documents"][0]["text"] = f"Veterans know: {wandering.capitalize()} (Arcana, p. 9)."
+    assert failure_tags(row([found, hop(2, [wandering], ["b/y"])])) == []
+    # ... but the same query in the first hop, before any passage was read, does
+    assert failure_tags(row([hop(1, [QUESTION, wandering], ["a/x"])])) == [QUERY_DRIFT]
     follow = row([hop(1, ["level 3 Arcane Aptitude cost"], ["a/x", "b/y"])])
     follow.update(question="And at level 3?", main_question="What does Arcane Aptitude cost at 3?")
     assert QUERY_DRIFT not in failure_tags(follow)
