@@ -221,7 +221,7 @@ def log_results(
         if hop_agg is not None and hop_agg.mean is not None:
             mlflow.log_metric("recall_cumulative", hop_agg.mean, step=hop)
     if table is not None:
-        mlflow.log_table(table, artifact_file=TABLE)
+        _log_table(table)
     mlflow.log_dict(
         {
             name: {"mean": a.mean, "n": a.n, "total": a.total, "missing": a.missing_reasons}
@@ -229,6 +229,22 @@ def log_results(
         },
         "aggregates.json",
     )
+
+
+def _log_table(table: Any) -> None:
+    """The rows as the run's table, replacing one the run already has: `mlflow.log_table` appends
+    to an existing table, and a resumed run's killed process may have logged it already (it is
+    logged while the trace writer writes its last batch, so kill -9 can land after it)."""
+    run = mlflow.active_run()
+    assert run is not None
+    if not any(f.path == TABLE for f in mlflow.MlflowClient().list_artifacts(run.info.run_id)):
+        mlflow.log_table(table, artifact_file=TABLE)
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / TABLE
+        # The file mlflow.log_table writes (its tag on the run is there from the first time).
+        table.to_json(path, orient="split", index=False, date_format="iso")
+        mlflow.log_artifact(str(path))
 
 
 def _frame(records: list[dict[str, Any]]) -> Any:

@@ -5,6 +5,7 @@ the dashboard's store, and resume after kill -9 with the journal on the harness'
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -17,8 +18,11 @@ import mlflow
 import pytest
 
 from caprag.config import PROJECT_ROOT
+from experiments import tracking
+from experiments.bench_dashboard import synthetic_rows
 from experiments.cluster_demo import mlflow_server, running
 from experiments.dashboard import store
+from experiments.evaluate import aggregate, summary_metrics
 from tests.conftest import FIXTURE_BOOKS
 from tests.reliability.test_faults import FIXTURE_QUESTIONS, KILL_DURING_TRACES
 
@@ -108,3 +112,16 @@ def test_kill_9_resumes_over_http_and_a_journal_elsewhere_is_reported(
     for run_id in (killed.info.run_id, new.group(1)):
         table = store.questions(server, experiment.experiment_id, run_id)
         assert table is not None and len(table) == 9
+
+
+def test_results_logged_twice_over_http_keep_one_table_row_per_question(server: str) -> None:
+    """A resumed run whose killed process had logged its table already replaces it over HTTP
+    (mlflow.log_table alone would append: 18 rows for 9 questions)."""
+    experiment_id = tracking.use_experiment(server, "table-twice-over-http")
+    rows = synthetic_rows(random.Random(3), "multi-hop", 9)
+    with mlflow.start_run(experiment_id=experiment_id) as run:
+        tracking.log_results(rows, aggregate(rows), summary_metrics(rows))
+        tracking.log_results(rows, aggregate(rows), summary_metrics(rows))
+    table = store.questions(server, experiment_id, run.info.run_id)
+    assert table is not None
+    assert list(table["question_id"]) == [row.question_id for row in rows]
