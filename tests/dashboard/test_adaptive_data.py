@@ -182,3 +182,5 @@ def test_oracle_summary_puts_the_router_last_with_what_it_saves() -> None:
     assert data.oracle_cell(1234.4, "tokens") == "1,234 tokens"
     assert data.oracle_cell(0.00012, "cost_usd") == "0.000120 USD"
     assert data.oracle_cell(None, "") == "—"
+    shown = data.oracle_display(summary, "tokens")
+    assert list(shown["saves"]) == ["150.0% more tokens", "37.5% fewer tokens", "—"]

@@ -151,6 +151,8 @@ def test_compare_page_shows_the_oracle_router_over_the_selected_runs(
     merged = shown.set_index("run").join(expected.set_index("run"), rsuffix="_expected")
     assert (merged["total"] == merged["total_expected"]).all()
     assert (merged["routed"] == merged["routed_expected"]).all()
+    assert list(shown["saves"]) == list(data.oracle_display(expected, "tokens")["saves"])
+    assert shown["saves"].iloc[-1] == "—"
     assert "oracle_chart" in {e.key for e in at.get("plotly_chart")}
     router = next(m.value for m in at.markdown if m.value.startswith("**Perfect router:**"))
     assert data.oracle_cell(expected["total"].iloc[-1], "tokens") in router

@@ -19,6 +19,7 @@ from experiments.dashboard.data import (
     default_comparison,
     metric_table,
     oracle_cell,
+    oracle_display,
     oracle_summary,
     recall_curve,
     saving_text,
@@ -189,7 +190,7 @@ def render_oracle(
     )
     number = "%.6f" if cost == "cost_usd" else "localized"
     st.dataframe(
-        summary,
+        oracle_display(summary, COST_SAVED[cost]),
         hide_index=True,
         key="oracle_table",
         column_config={
@@ -200,8 +201,8 @@ def render_oracle(
             ),
             "recall": st.column_config.NumberColumn("recall@k", format="%.3f"),
             "routed": st.column_config.NumberColumn("routed to it"),
-            "saves": st.column_config.NumberColumn(
-                "oracle saves", format="percent", help="1 − oracle total / this run's total"
+            "saves": st.column_config.TextColumn(
+                "oracle saves", help="1 − oracle total / this run's total"
             ),
         },
     )

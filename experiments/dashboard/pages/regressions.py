@@ -52,7 +52,7 @@ metric = st.selectbox(
 selection.share("reg_metric", "metric", metric)
 frame = reg.compare(table_a, table_b, metric)
 
-f1, f2, f3, f4 = st.columns(4)
+f1, f2, f3, f4 = st.columns([1, 1, 1.5, 1])  # room for "analyzer stopped early"
 choices = {
     "reg_set": ("set", f1, "Question set", sorted(frame["set"].astype(str).unique())),
     "reg_type": ("type", f2, "Question type", sorted(frame["type"].astype(str).unique())),
@@ -88,8 +88,8 @@ st.dataframe(
     column_config={
         "value_a": st.column_config.NumberColumn("A", format="%.3f"),
         "value_b": st.column_config.NumberColumn("B", format="%.3f"),
-        "tags_a": st.column_config.ListColumn("A tags"),
-        "tags_b": st.column_config.ListColumn("B tags"),
+        "tags_a": st.column_config.ListColumn("A tags", width="medium"),
+        "tags_b": st.column_config.ListColumn("B tags", width="medium"),
         "trace_a": st.column_config.LinkColumn("A trace", display_text="open A"),
         "trace_b": st.column_config.LinkColumn("B trace", display_text="open B"),
         "question": st.column_config.TextColumn("question", width="large"),
