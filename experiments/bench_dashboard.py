@@ -19,10 +19,10 @@ from experiments.evaluate import QuestionRow, aggregate, summary_metrics
 
 APP = PROJECT_ROOT / "experiments" / "dashboard" / "app.py"
 PAGES = {
-    "Runs": "pages/runs.py",
-    "Compare (4 runs)": "pages/compare.py",
-    "Trace viewer": "pages/trace.py",
-    "Ask": "pages/ask.py",
+    "Runs": "views/runs.py",
+    "Compare (4 runs)": "views/compare.py",
+    "Trace viewer": "views/trace.py",
+    "Ask": "views/ask.py",
 }
 STRATEGIES = ("single", "multi-question", "multi-hop")
 SETS = ("single_book", "cross_book", "follow_up")

@@ -10,12 +10,12 @@ from experiments.dashboard import store
 st.set_page_config(page_title="caprag dashboard", page_icon=":material/menu_book:", layout="wide")
 
 PAGES = [
-    st.Page("pages/runs.py", title="Runs", icon=":material/table_rows:", default=True),
-    st.Page("pages/compare.py", title="Compare", icon=":material/compare_arrows:"),
-    st.Page("pages/regressions.py", title="Regressions", icon=":material/difference:"),
-    st.Page("pages/trace.py", title="Trace viewer", icon=":material/account_tree:"),
-    st.Page("pages/ask.py", title="Ask", icon=":material/chat:"),
-    st.Page("pages/decisions.py", title="Decision log", icon=":material/fact_check:"),
+    st.Page("views/runs.py", title="Runs", icon=":material/table_rows:", default=True),
+    st.Page("views/compare.py", title="Compare", icon=":material/compare_arrows:"),
+    st.Page("views/regressions.py", title="Regressions", icon=":material/difference:"),
+    st.Page("views/trace.py", title="Trace viewer", icon=":material/account_tree:"),
+    st.Page("views/ask.py", title="Ask", icon=":material/chat:"),
+    st.Page("views/decisions.py", title="Decision log", icon=":material/fact_check:"),
 ]
 
 page = st.navigation(PAGES)

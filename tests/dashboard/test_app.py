@@ -15,7 +15,7 @@ from tests.conftest import FIXTURE_BOOKS
 from tests.dashboard.conftest import REPLY, SYSTEM_PROMPT, USER_PROMPT, Store
 
 APP = str(PROJECT_ROOT / "experiments" / "dashboard" / "app.py")
-PAGES = ["pages/runs.py", "pages/compare.py", "pages/trace.py", "pages/ask.py"]
+PAGES = ["views/runs.py", "views/compare.py", "views/trace.py", "views/ask.py"]
 
 
 def open_page(page: str, uri: str, monkeypatch: pytest.MonkeyPatch, **state: object) -> AppTest:
@@ -259,7 +259,7 @@ def test_run_without_questions_table_is_explained(odd_store: Store, monkeypatch)
     )
     assert any("has no per-question table" in i.value for i in at.info)
     at = open_page(
-        "pages/regressions.py", odd_store.uri, monkeypatch,
+        "views/regressions.py", odd_store.uri, monkeypatch,
         selected_runs=list(odd_store.runs.values()),
     )  # fmt: skip
     assert any(f"Run {run_id} has no per-question table" in i.value for i in at.info)

@@ -131,3 +131,20 @@ def test_ask_page(server: str, browser: Browser) -> None:
     assert page.get_by_text("Analyzer decision").first.is_visible()
     assert page.locator("[data-testid='stTable']").first.get_by_text("fighting").first.is_visible()
     shoot(page, "ask")
+
+
+@pytest.mark.parametrize(
+    ("path", "wait_for"),
+    [("ask", "Type a question and press Ask"), ("decisions", "Decision log"), ("trace", "Hop 1")],
+)
+def test_a_page_opened_by_its_url_keeps_the_apps_navigation(
+    server: str, browser: Browser, path: str, wait_for: str
+) -> None:
+    """A new session whose first request is a page's URL (a shared link) gets the app's sidebar:
+    titled pages and the store caption, not Streamlit's file-name list of a `pages/` folder."""
+    page = visit(browser, f"{server}/{path}", wait_for)
+    nav = page.locator("[data-testid='stSidebarNav']")
+    assert nav.get_by_role("link", name="Trace viewer").is_visible()
+    assert nav.get_by_role("link", name="Decision log").is_visible()
+    assert not nav.get_by_role("link", name="app", exact=True).count()
+    assert page.get_by_text("MLflow store:").is_visible()

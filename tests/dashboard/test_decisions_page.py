@@ -23,7 +23,7 @@ from tests.browsers import launch_chromium
 from tests.dashboard.test_browser import dashboard_server
 
 APP = str(PROJECT_ROOT / "experiments" / "dashboard" / "app.py")
-PAGE = "pages/decisions.py"
+PAGE = "views/decisions.py"
 SHOTS = PROJECT_ROOT / "reports" / "screenshots"
 CROSS_REF = "What penalty does the second attack of a Flurry suffer?"
 SIMPLE = "How long does a torch burn?"

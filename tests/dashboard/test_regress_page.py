@@ -13,7 +13,7 @@ from tests.dashboard.conftest import Store
 from tests.dashboard.test_app import open_page
 from tests.dashboard.test_regress_browser import logged
 
-PAGE = "pages/regressions.py"
+PAGE = "views/regressions.py"
 
 
 def shown_counts(at: AppTest) -> dict[str, int]:

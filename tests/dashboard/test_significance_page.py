@@ -16,7 +16,7 @@ from tests.dashboard.conftest import Store
 from tests.dashboard.test_app import open_page, texts
 from tests.unit.test_significance import TAGS, synthetic_pair
 
-REGRESSIONS = "pages/regressions.py"
+REGRESSIONS = "views/regressions.py"
 CI = re.compile(r"^\[-?\d+\.\d+, -?\d+\.\d+\]$")
 
 

@@ -139,4 +139,4 @@ if chosen:
             "missing metrics show as —."
         )
 if st.button("Compare selected", disabled=len(chosen) < 2, help="Choose two or more rows"):
-    st.switch_page("pages/compare.py", query_params={"runs": chosen})
+    st.switch_page("views/compare.py", query_params={"runs": chosen})

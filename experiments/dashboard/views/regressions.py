@@ -12,7 +12,7 @@ from experiments.scoring import regressions as reg
 from experiments.scoring.failures import TAGS
 
 TRACE_PAGE = "trace"  # the Trace viewer's url path
-TRACE_FILE = "pages/trace.py"
+TRACE_FILE = "views/trace.py"
 
 st.title("Regressions")
 runs = selection.require_runs()

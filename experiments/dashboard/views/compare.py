@@ -132,7 +132,7 @@ def render_deeper(run: pd.Series, table: pd.DataFrame, chosen: list[str]) -> Non
         run_id = str(run["run_id"])  # first: the Trace viewer opens the first selected run
         selection.remember([run_id, *(r for r in chosen if r != run_id)])
         st.session_state["trace_question"] = index
-        st.switch_page("pages/trace.py")
+        st.switch_page("views/trace.py")
     with st.container(border=True):
         log = decision_log(trace_from_row(row).hops)
         st.markdown(f"**Rounds of {deeper.at[index, 'question_id']!s}**")
@@ -377,7 +377,7 @@ render_oracle(sliced_tables, labels, strategy_of)
 
 st.header("Per-question diff")
 st.page_link(
-    "pages/regressions.py",
+    "views/regressions.py",
     label="Per question, which got better or worse (with failure tags, significance and traces): "
     "the Regressions page",
     icon=":material/difference:",
