@@ -99,12 +99,11 @@ def seed(
     text: Callable[[Any], str] = str,
 ) -> None:
     """Set widget `key` from URL parameter `param` when the URL holds a value this session has
-    not applied yet (a link just opened), or whose widget state Streamlit dropped while another
-    page was shown (the browser's Back to this page); values that are not among `options` are
-    ignored. An option is matched by `text(option)`, what `share` wrote for it."""
+    not applied yet (a link just opened); values that are not among `options` are ignored.
+    An option is matched by `text(option)`, what `share` wrote for it."""
     values = st.query_params.get_all(param)
     seen: dict[str, list[str]] = st.session_state.setdefault(SEEN, {})
-    if not values or (seen.get(key) == values and key in st.session_state):
+    if not values or seen.get(key) == values:
         return
     seen[key] = values
     by_text = {text(option): option for option in options}

@@ -11,8 +11,7 @@ from experiments.dashboard.significance_view import render_significance
 from experiments.scoring import regressions as reg
 from experiments.scoring.failures import TAGS
 
-TRACE_PAGE = "trace"  # the Trace viewer's url path
-TRACE_FILE = "views/trace.py"
+TRACE_PAGE = "trace"  # the Trace viewer's url path (views/trace.py)
 
 st.title("Regressions")
 runs = selection.require_runs()
@@ -106,12 +105,10 @@ if not rows.empty:
     )
     selection.share("reg_question", "question", picked)
     left, right = st.columns(2)
-    # In this tab (the browser's Back returns to this view, whose state is in the URL); the
-    # table's "open A/B" links open a new tab.
-    for column, name, run in ((left, "A", run_a), (right, "B", run_b)):
-        column.page_link(
-            TRACE_FILE, label=f"Trace in {name}", query_params={"run": run, "question": picked}
-        )
+    # A new tab, leaving this view as it is (same-tab links were tried: under load, Back landed
+    # on an intermediate Trace viewer URL of Streamlit 1.67's page switch)
+    left.link_button("Trace in A", selection.link(TRACE_PAGE, run=run_a, question=picked))
+    right.link_button("Trace in B", selection.link(TRACE_PAGE, run=run_b, question=picked))
 
 items = reg.as_dataset(shown)
 st.download_button(
