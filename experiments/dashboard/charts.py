@@ -43,11 +43,6 @@ def strategy_colour(strategy: str) -> str:
     return OTHER_COLOURS[digest % len(OTHER_COLOURS)]
 
 
-def run_colours(strategy_of: Mapping[str, str]) -> dict[str, str]:
-    """Run label → the colour of its strategy."""
-    return {label: strategy_colour(strategy) for label, strategy in strategy_of.items()}
-
-
 def repeat_index(strategy_of: Mapping[str, str]) -> dict[str, int]:
     """Run label → 0 for the first run of its strategy, 1 for the second… (in label order)."""
     seen: dict[str, int] = {}

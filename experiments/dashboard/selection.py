@@ -8,12 +8,10 @@ from urllib.parse import urlencode
 
 import pandas as pd
 import streamlit as st
-from streamlit.runtime.pages_manager import PagesManager
 
 from experiments.dashboard import store
 
 SELECTED = "selected_runs"
-RAN = "dashboard_ran"
 EMPTY_STORE = (
     "No runs in this MLflow store yet (`{uri}`). Log some with "
     "`uv run python -m experiments.run -m experiment=compare` (or `make run`), or point "
@@ -21,25 +19,8 @@ EMPTY_STORE = (
 )
 
 
-def through_app() -> None:
-    """Rerun through app.py when Streamlit ran this page file alone.
-
-    On a fresh server whose first visit is a page's URL (a shared link), Streamlit takes the
-    `pages/` folder for its old folder mode and runs the page without app.py (no navigation,
-    layout or sidebar) for the life of the server, until some run calls st.navigation. Leaving
-    that mode and rerunning lets app.py run, and it opens the page the URL names. Only a
-    session's first run can be such a visit (AppTest turns the folder mode back on before every
-    run, and a rerun there would drop the click that started it)."""
-    first_run = not st.session_state.get(RAN)
-    st.session_state[RAN] = True
-    if first_run and PagesManager.uses_pages_directory:
-        PagesManager.uses_pages_directory = False
-        st.rerun()
-
-
 def require_runs() -> pd.DataFrame:
     """All runs of the store; explains and stops the page when there are none or it fails."""
-    through_app()
     uri = store.uri()
     try:
         runs = store.runs(uri)
