@@ -9,7 +9,6 @@ from typing import Any
 import pandas as pd
 
 from experiments import tracking
-from experiments.slices import Dimension, slice_means
 from experiments.tracking import mlflow
 
 
@@ -95,12 +94,6 @@ def latest_sweep(experiment_id: str) -> list[str]:
         output_format="list",
     )
     return [c.info.run_id for c in children]
-
-
-def per_set(run: LoadedRun, metrics: list[str], by: Dimension = "set") -> pd.DataFrame:
-    """Metric means by question set (or type, gold hops: `experiments.slices`), ok questions
-    only, with the number of questions."""
-    return slice_means(run.questions, metrics, by)
 
 
 def hop_trace(row: pd.Series) -> list[dict[str, Any]]:

@@ -6,8 +6,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from experiments.runs import LoadedRun, connect, distinct_labels, latest_sweep, load_run, per_set
-from experiments.slices import DIMENSION_LABELS, DIMENSIONS
+from experiments.runs import LoadedRun, connect, distinct_labels, latest_sweep, load_run
+from experiments.slices import DIMENSION_LABELS, DIMENSIONS, slice_means
 from experiments.tables import compare_table, fmt, markdown_table
 from experiments.tracking import tracking_uri
 
@@ -20,7 +20,7 @@ def slice_sections(runs: Sequence[LoadedRun], metrics: Sequence[str]) -> list[st
     repeat the table of all questions)."""
     lines: list[str] = []
     for by in DIMENSIONS:
-        tables = [(run, per_set(run, list(metrics), by)) for run in runs]
+        tables = [(run, slice_means(run.questions, metrics, by)) for run in runs]
         if by != "set" and all(len(table) < 2 for _, table in tables):
             continue
         rows = [
