@@ -139,10 +139,14 @@ def _otel_id(run_id: str, case: str) -> int:
     return int.from_bytes(_digest(run_id, case)[:16], "big")
 
 
+def _trace_id(otel_id: int) -> str:
+    return f"tr-{otel_id:032x}"
+
+
 def trace_id_of(run_id: str, case: str) -> str:
     """The MLflow id of the trace of a run's case ('repeat:question id'): ids derive from both,
     so a link to a question's trace needs no look-up."""
-    return f"tr-{_otel_id(run_id, case):032x}"
+    return _trace_id(_otel_id(run_id, case))
 
 
 @dataclass
@@ -158,7 +162,7 @@ class _Trace:
 
     def __post_init__(self) -> None:
         self.otel_id = _otel_id(self.target.run_id, case_of(self.row))
-        self.trace_id = f"tr-{self.otel_id:032x}"
+        self.trace_id = _trace_id(self.otel_id)
 
     @property
     def tags(self) -> dict[str, str]:
@@ -261,13 +265,18 @@ class _Trace:
             trace_flags=TraceFlags(TraceFlags.SAMPLED),
         )
 
+    @property
+    def request_ms(self) -> int:
+        """When the question started (its root span), in ms."""
+        return self.spans[0].start_time_ns // 1_000_000
+
     def info(self) -> TraceInfo:
         """The trace's info, for stores that take whole traces (no span API)."""
         root = self.spans[0]
         return TraceInfo(
             trace_id=self.trace_id,
             trace_location=TraceLocation.from_experiment_id(self.target.experiment_id),
-            request_time=root.start_time_ns // 1_000_000,
+            request_time=self.request_ms,
             execution_duration=((root.end_time_ns or root.start_time_ns) - root.start_time_ns)
             // 1_000_000,
             state=TraceState.OK if self.row.status == "ok" else TraceState.ERROR,
@@ -503,18 +512,28 @@ def build_trace(row: QuestionRow, target: Target) -> _Trace:
         row.timings.get("generate", 0.0),
         calls=generate_calls,
     )
+    end = max(end, max(s.end_time_ns or 0 for s in trace.spans), start + total_ns)
+    _root(trace, root, {"answer": row.answer, "gold_answer": row.gold_answer}, start, end)
+    return trace
+
+
+def _root(
+    trace: _Trace, root: int, outputs: dict[str, Any], start: int, end: int, error: str = ""
+) -> None:
+    """The question's root span (its children were added under `root` already)."""
+    row = trace.row
     trace.span(
         f"question {row.question_id}",
         SpanType.CHAIN,
         None,
         {"question": row.question},
-        {"answer": row.answer, "gold_answer": row.gold_answer},
+        outputs,
         start,
-        max(end, max(s.end_time_ns or 0 for s in trace.spans), start + total_ns),
+        end,
         {"set": row.set, "query_type": row.query_type},
         span_id=root,
+        error=error,
     )
-    return trace
 
 
 def _failed(trace: _Trace, timeline: _Timeline, start: int, total_ns: int) -> _Trace:
@@ -527,18 +546,8 @@ def _failed(trace: _Trace, timeline: _Timeline, start: int, total_ns: int) -> _T
         end = max(
             end, timeline.node(root, "calls", SpanType.CHAIN, {}, {}, start, 0.0, calls=row.calls)
         )
-    trace.span(
-        f"question {row.question_id}",
-        SpanType.CHAIN,
-        None,
-        {"question": row.question},
-        {"error": row.error, "gold_answer": row.gold_answer},
-        start,
-        end,
-        {"set": row.set, "query_type": row.query_type},
-        span_id=root,
-        error=row.error or row.status,
-    )
+    outputs = {"error": row.error, "gold_answer": row.gold_answer}
+    _root(trace, root, outputs, start, end, error=row.error or row.status)
     return trace
 
 
@@ -591,11 +600,10 @@ def _write_assessments(client: TracingClient, traces: Sequence[_Trace]) -> None:
 
     rows = []
     for trace in traces:
-        request_ms = trace.spans[0].start_time_ns // 1_000_000
         for assessment in trace.assessments():
             row = SqlAssessments.from_mlflow_entity(assessment)
             row.experiment_id = int(trace.target.experiment_id)
-            row.trace_timestamp_ms = request_ms
+            row.trace_timestamp_ms = trace.request_ms
             rows.append(row)
     store = client.store
     with store.ManagedSessionMaker(read_only=False) as session:
@@ -603,11 +611,7 @@ def _write_assessments(client: TracingClient, traces: Sequence[_Trace]) -> None:
             enqueue_rollup_rebuild_partitions(
                 session,
                 [
-                    (
-                        RollupFamily.ASSESSMENT,
-                        int(t.target.experiment_id),
-                        [t.spans[0].start_time_ns // 1_000_000],
-                    )
+                    (RollupFamily.ASSESSMENT, int(t.target.experiment_id), [t.request_ms])
                     for t in traces
                 ],
             )
@@ -792,11 +796,10 @@ class TraceWriter:
             self._finishing = False
         else:
             self.stop()
-        answered = list(rows)
-        if self.target is None or not answered:
+        if self.target is None or not rows:
             return 0
         run_id = self.target.run_id
-        unconfirmed = [row for row in answered if (run_id, case_of(row)) not in self._written]
+        unconfirmed = [row for row in rows if (run_id, case_of(row)) not in self._written]
         if unconfirmed:
             done = traced_cases(self.target)
             missing = [row for row in unconfirmed if case_of(row) not in done]
@@ -805,7 +808,7 @@ class TraceWriter:
                     f"{len(missing)} traces were not written by the trace writer: writing them now"
                 )
                 write_traces(missing, self.target)
-        return len(answered)
+        return len(rows)
 
     def _collect(self) -> bool:
         """Take the writer's next list of written traces; False when it ended without one."""
