@@ -49,13 +49,13 @@ PARSE_ERRORS = ("StepFailedError", "StructuredOutputError")
 def failure_tags(row: Mapping[Any, Any], drift_threshold: float = DRIFT_THRESHOLD) -> list[str]:
     """The tags of one question's row (a `QuestionRow.record()` or a row of a run's table), in
     the order of `TAGS`."""
-    hops = _list(row.get("trace"))
-    calls = _list(row.get("calls"))
+    hops = logged_list(row.get("trace"))
+    calls = logged_list(row.get("calls"))
     error = str(row.get("error") or "")
     status = str(row.get("status") or "ok")
     reason = _stop_reason(hops)
     found = {
-        STOPPED_EARLY: stopped_early(hops, _list(row.get("gold_ids"))),
+        STOPPED_EARLY: stopped_early(hops, logged_list(row.get("gold_ids"))),
         QUERY_DRIFT: drift(row, hops) < drift_threshold,
         BUDGET_STOP: reason is not None
         and reason.startswith(BUDGET)
@@ -104,7 +104,7 @@ def drift(row: Mapping[Any, Any], hops: Sequence[dict[str, Any]] | None = None) 
     main = str(row.get("main_question") or "")
     scores = [overlap(main, question)] if main and main != question else []
     evidence = [question, main]
-    for hop in _list(row.get("trace")) if hops is None else hops:
+    for hop in logged_list(row.get("trace")) if hops is None else hops:
         reference = " ".join(evidence)
         scores += [overlap(str(q), reference) for q in hop.get("queries") or []]
         for doc in hop.get("documents") or []:
@@ -120,7 +120,7 @@ def _stop_reason(hops: Sequence[dict[str, Any]]) -> str | None:
         return None
 
 
-def _list(value: Any) -> list[Any]:
+def logged_list(value: Any) -> list[Any]:
     """A list logged as a list or as its JSON text (MLflow tables hold JSON strings)."""
     if isinstance(value, str):
         try:

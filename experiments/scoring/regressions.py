@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from experiments import slices
-from experiments.scoring.failures import failure_tags
+from experiments.scoring.failures import failure_tags, logged_list
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ def as_dataset(frame: pd.DataFrame) -> list[dict[str, Any]]:
     repeats is written once."""
     items: dict[str, dict[str, Any]] = {}
     for row in single_questions(frame).to_dict("records"):
-        gold = _gold(row.get("gold_ids"))
+        gold = [str(p) for p in logged_list(row.get("gold_ids"))]
         items.setdefault(
             str(row["question_id"]),
             {
@@ -180,9 +180,3 @@ def as_dataset(frame: pd.DataFrame) -> list[dict[str, Any]]:
 def to_jsonl(items: Iterable[dict[str, Any]]) -> str:
     """One JSON object a line, as the question files are written."""
     return "".join(json.dumps(item, ensure_ascii=False) + "\n" for item in items)
-
-
-def _gold(value: Any) -> list[str]:
-    if isinstance(value, str):
-        value = json.loads(value) if value.strip() else []
-    return [str(v) for v in value] if isinstance(value, list | tuple) else []
