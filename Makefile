@@ -53,6 +53,7 @@ lint: setup
 	uv run --frozen ruff check .
 	uv run --frozen ruff format --check .
 	uv run --frozen mypy
+	uv run --frozen python -m tests.layering  ## rooms import downward only, no circle
 
 format: setup
 	uv run --frozen ruff format .

@@ -1,77 +1,13 @@
-"""`python -m experiments.summary [RUN_ID ...]`: compare runs (default: the latest sweep)."""
+"""`python -m experiments.summary`: compare runs (default: the latest sweep).
 
-from __future__ import annotations
+A shim that keeps the command; the code is `experiments.cli.summary`.
+"""
 
-import argparse
 import sys
-from collections.abc import Sequence
 
-from experiments.runs import LoadedRun, connect, distinct_labels, latest_sweep, load_run
-from experiments.slices import DIMENSION_LABELS, DIMENSIONS, slice_means
-from experiments.tables import compare_table, fmt, markdown_table
-from experiments.tracking import tracking_uri
+from experiments.cli.summary import main
 
-SET_METRICS = ["recall_at_k", "all_gold_at_k", "f1", "hops", "tokens", "cost_usd", "latency_s"]
-
-
-def slice_sections(runs: Sequence[LoadedRun], metrics: Sequence[str]) -> list[str]:
-    """'## By question set' (and type, gold hops) with a Markdown table each: one row per run
-    and slice. A type or gold-hops breakdown where no run has two slices is left out (it would
-    repeat the table of all questions)."""
-    lines: list[str] = []
-    for by in DIMENSIONS:
-        tables = [(run, slice_means(run.questions, metrics, by)) for run in runs]
-        if by != "set" and all(len(table) < 2 for _, table in tables):
-            continue
-        rows = [
-            [run.label, str(key), f"{values['questions']:.0f}"]
-            + [_cell(values.get(m), m) for m in metrics]
-            for run, table in tables
-            for key, values in table.iterrows()
-        ]
-        if rows:
-            header = ["run", DIMENSION_LABELS[by], "questions", *metrics]
-            lines += [f"## By {DIMENSION_LABELS[by]}", "", markdown_table(header, rows), ""]
-    return lines
-
-
-def _cell(value: object, metric: str) -> str:
-    if value is None or not isinstance(value, int | float) or value != value:
-        return "—"
-    return fmt(float(value), metric)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Print the comparison table and where to look next."""
-    parser = argparse.ArgumentParser(prog="python -m experiments.summary", description=main.__doc__)
-    parser.add_argument("run_ids", nargs="*")
-    args = parser.parse_args(argv)
-    experiment_id = connect()
-    run_ids = args.run_ids or latest_sweep(experiment_id)
-    if not run_ids:
-        print("no runs to compare: run a sweep first (make run)", file=sys.stderr)
-        return 2
-    runs = [load_run(r) for r in run_ids]
-    distinct_labels(runs)
-    print("\n## All questions\n")
-    print(compare_table([(r.label, r.metrics, r.coverage()) for r in runs]))
-    sections = slice_sections(runs, SET_METRICS)
-    if sections:
-        print("\n" + "\n".join(sections).rstrip())
-    uri = tracking_uri()
-    ui = (
-        uri  # a tracking server serves its own UI
-        if uri.startswith(("http://", "https://"))
-        else f"uv run mlflow ui --backend-store-uri {uri} --host 127.0.0.1"
-        " --port 5000   → http://127.0.0.1:5000"
-    )
-    print(
-        "\nRuns: " + ", ".join(run_ids) + f"\nNext:\n  MLflow UI:  {ui}"
-        "\n  Dashboard:  make dashboard   → http://127.0.0.1:8501 (Compare, Trace viewer)"
-        "\n  Report:     uv run python -m experiments.report " + " ".join(run_ids)
-    )
-    return 0
-
+__all__ = ["main"]
 
 if __name__ == "__main__":
     sys.exit(main())

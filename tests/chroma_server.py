@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.servers import free_port, running
+from experiments.perf.servers import free_port, running
 
 __all__ = ["START_DEADLINE_S", "chroma_cli", "chroma_server", "free_port"]
 

@@ -23,8 +23,8 @@ from caprag.schemas import Document
 from caprag.steps import Steps, build_steps, rule_steps
 from caprag.steps.analyze import RuleAnalyzer
 from caprag.steps.generate import RuleGenerator
-from experiments.openai_stub import answer as stub_answer
-from experiments.openai_stub import fill, fill_schema, send_json
+from experiments.perf.openai_stub import answer as stub_answer
+from experiments.perf.openai_stub import fill, fill_schema, send_json
 
 FLURRY = Document(
     passage_id="fighting/flurry",
@@ -106,7 +106,7 @@ class OpenAIStub:
     A reply is {"args": {...}} (a tool call to the requested function), {"content": "text"},
     {"fill_schema": "text"} (JSON mode: an object fitting the JSON schema written in the prompt),
     {"fill_tool": "text"} (a tool call whose arguments fit the requested function's schema),
-    {"auto": True} (experiments.openai_stub's reply to whatever the request asks for),
+    {"auto": True} (experiments.perf.openai_stub's reply to whatever the request asks for),
     {"status": 500} (an HTTP error), {"status": 401, "echo_key": True} (an error whose message
     repeats the request's bearer key, as some providers do), {"malformed": "text"} (tool-call
     arguments that are not JSON), {"empty_choices": True} (a completion with `choices: []`),

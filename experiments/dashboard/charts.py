@@ -15,7 +15,7 @@ import plotly.express as px
 import plotly.graph_objects as go
 
 from experiments.dashboard.data import COST, QUALITY, pareto_front
-from experiments.oracle import ORACLE
+from experiments.scoring.oracle import ORACLE
 
 STRATEGY_COLOURS = {
     "single": "#1f77b4",
@@ -187,7 +187,7 @@ def hop_histogram(hops: pd.DataFrame) -> go.Figure:
 
 def calibration(table: pd.DataFrame) -> go.Figure:
     """Reliability diagram: bucket mean confidence vs observed success, one line per run
-    (columns label, strategy and those of `experiments.calibration.reliability`)."""
+    (columns label, strategy and those of `experiments.scoring.calibration.reliability`)."""
     fig = px.line(
         table,
         x="mean_confidence",

@@ -10,9 +10,9 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.oracle import ORACLE, OracleResult
-from experiments.significance import question_means
-from experiments.tables import SHOWN, fmt
+from experiments.results.tables import SHOWN, fmt
+from experiments.scoring.oracle import ORACLE, OracleResult
+from experiments.scoring.significance import question_means
 
 IDENTITY = {
     "name": "tags.mlflow.runName",

@@ -7,7 +7,7 @@ import streamlit as st
 from pandas.io.formats.style import Styler
 
 from experiments.dashboard import store
-from experiments.significance import (
+from experiments.scoring.significance import (
     ALPHA,
     MetricComparison,
     PairingError,

@@ -8,9 +8,9 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from experiments import tracking
 from experiments.dashboard.data import POWER_PARAM, runs_frame
-from experiments.tracking import mlflow
+from experiments.results import tracking
+from experiments.results.tracking import mlflow
 
 TTL_S = 60
 MLFLOW_UI = "http://127.0.0.1:5000"

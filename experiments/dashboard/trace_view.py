@@ -11,11 +11,11 @@ import streamlit as st
 
 from caprag.services import AskResult
 from experiments.dashboard.data import TraceView, call_line, hop_documents, is_rule, steps_ran
-from experiments.evaluate import trace_of
+from experiments.harness.evaluate import trace_of
+from experiments.results.tables import fmt
+from experiments.results.traces import case_key, passage_texts, trace_id_of
 from experiments.scoring.failures import failure_tags
 from experiments.scoring.regressions import METRICS
-from experiments.tables import fmt
-from experiments.traces import case_key, passage_texts, trace_id_of
 
 
 def trace_id(run_id: str, row: Mapping[str, Any]) -> str:

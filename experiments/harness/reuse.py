@@ -33,9 +33,9 @@ from typing import Any
 from caprag.config import PROJECT_ROOT
 from caprag.errors import CapragError
 from caprag.llm.cache import open_table
-from experiments.data import EvalCase
-from experiments.evaluate import QuestionRow
-from experiments.journal import VOLATILE, _without
+from experiments.harness.data import EvalCase
+from experiments.harness.journal import VOLATILE, _without
+from experiments.results.row import QuestionRow
 
 SCHEMA = "rows-v1"
 

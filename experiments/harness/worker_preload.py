@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import contextlib
 
-import experiments.harness.workers  # the worker's own code
-import experiments.run  # noqa: F401  (what builds the components, and all it imports)
-from experiments.ragas_metrics import OfflineRagas
+from experiments.scoring.ragas_metrics import OfflineRagas
 
 with contextlib.suppress(ImportError):
     OfflineRagas()  # imports RAGAS and what its metrics import when made (nltk, rouge)
 
 for name in (
-    "experiments.components",
-    "experiments.judges",
+    "experiments.harness.build",
+    "experiments.scoring.judges",
     "caprag.ingest",
     "caprag.hybrid",
     "caprag.lexical",

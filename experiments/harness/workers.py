@@ -50,8 +50,9 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from caprag.errors import CapragError
-from experiments.data import Dataset, EvalCase
-from experiments.evaluate import Evaluator, QuestionRow
+from experiments.harness.data import Dataset, EvalCase
+from experiments.harness.evaluate import Evaluator
+from experiments.results.row import QuestionRow
 
 AUTO = "auto"
 AUTO_MIN_CONCURRENCY = 16
@@ -396,7 +397,7 @@ def worker_config(config: Mapping[str, Any]) -> DictConfig:
 async def _answer(
     config: Mapping[str, Any], inbox: Connection, outbox: Connection, started: float
 ) -> None:
-    from experiments.run import build_components, repeat_evaluator
+    from experiments.harness.build import build_components, repeat_evaluator
 
     cfg = worker_config(config)
     parts = build_components(cfg)

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from experiments.bench_harness import (
+from experiments.perf.harness_bench import (
     CACHE_TARGET,
     QUIET_ENV,
     STUB_LATENCY_S,
@@ -34,7 +34,7 @@ from experiments.bench_harness import (
 @contextlib.contextmanager
 def rows_not_reused() -> Iterator[None]:
     """Switch row reuse off in this process (the LLM response cache stays on)."""
-    from experiments import run as run_module
+    from experiments.harness import run as run_module
 
     original = run_module.row_cache
     run_module.row_cache = lambda *_args: None
@@ -104,7 +104,7 @@ def section(
     )
     verdict = "pass" if met else "**miss**"
     markdown = (
-        f"`llm=openai` against `experiments.openai_stub` in its own process with "
+        f"`llm=openai` against `experiments.perf.openai_stub` in its own process with "
         f"{latency_s * 1e3:.0f} ms per call, `strategy=multi-hop`, `retriever=wordllama`, "
         f"{questions} questions of `dataset=curated`, `experiment.concurrency={concurrency}`, "
         "`experiment.cache=true` with a fresh `paths.cache` file. Evaluation = `Evaluator.run` "

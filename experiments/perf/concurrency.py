@@ -1,6 +1,6 @@
 """Concurrency at the latency limit: evaluation wall time against an LLM stub with fixed latency.
 
-`llm=openai` against `experiments.openai_stub` (its own process, fixed latency per call),
+`llm=openai` against `experiments.perf.openai_stub` (its own process, fixed latency per call),
 `strategy=multi-hop`, `retriever=wordllama`, `dataset=curated`, response cache off, at several
 numbers of questions in flight. Wall = `Evaluator.run` (every question answered and scored);
 ideal = calls x latency / concurrency, the time spent waiting for the model if nothing else took
@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from experiments.bench_harness import (
+from experiments.perf.harness_bench import (
     QUIET_ENV,
     STUB_LATENCY_S,
     _openai_overrides,
@@ -108,9 +108,9 @@ def _pooled_run(folder: Path, base_url: str, *overrides: str) -> dict[str, Any]:
     """One run against the stub with the evaluation timed as `_evaluate_repeats` (in this
     process or over workers), and the CPU of each process: this one during the evaluation,
     each worker's (as it reports when stopped) and the stub's."""
-    from experiments import run as run_module
-    from experiments import traces
+    from experiments.harness import run as run_module
     from experiments.harness import workers
+    from experiments.results import traces
 
     fresh_http_clients()
     cfg = compose_cfg(folder, *overrides)
@@ -211,7 +211,7 @@ def cpu_by_component(stats: pstats.Stats) -> dict[str, float]:
 @contextmanager
 def profiling(profile: cProfile.Profile) -> Iterator[None]:
     """Profile `Evaluator.run` (the evaluation only) while the block runs."""
-    from experiments.evaluate import Evaluator
+    from experiments.harness.evaluate import Evaluator
 
     original = Evaluator.run
 
@@ -337,7 +337,7 @@ def markdown(result: dict[str, Any]) -> str:
             f"{start} | {row['load_1min']:.1f} |"
         )
     text = (
-        f"`llm=openai` against `experiments.openai_stub` in its own process with "
+        f"`llm=openai` against `experiments.perf.openai_stub` in its own process with "
         f"{latency_ms:.0f} ms per call, `strategy=multi-hop`, `retriever=wordllama`, "
         "`experiment.cache=false`, `dataset=curated` (each level asks "
         f"{PER_SLOT} questions per slot in flight, at least {MIN_QUESTIONS}). Every level with "

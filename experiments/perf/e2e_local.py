@@ -32,9 +32,9 @@ import mlflow
 from hydra import compose, initialize_config_dir
 
 from caprag.config import PROJECT_ROOT
+from experiments.harness.run import RunResult, run
 from experiments.perf.local_llm import LocalServer, ensure_installed, local_llm_server
-from experiments.run import RunResult, run
-from experiments.tables import markdown_table
+from experiments.results.tables import markdown_table
 
 CONF = PROJECT_ROOT / "conf"
 REPORT = PROJECT_ROOT / "reports" / "local-llm.md"

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from caprag.config import PROJECT_ROOT
-from experiments.bench_harness import QUIET_ENV, base_overrides
-from experiments.questions import SETS
+from experiments.perf.harness_bench import QUIET_ENV, base_overrides
+from experiments.results.questions import SETS
 
 QUESTIONS_DIR = PROJECT_ROOT / "datasets" / "questions"
 TARGET_MIB_PER_1000 = 100.0

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from caprag.config import PROJECT_ROOT
-from experiments.bench_harness import (
+from experiments.perf.harness_bench import (
     QUIET_ENV,
     base_overrides,
     compose_cfg,
@@ -36,7 +36,7 @@ TRACES_TARGET = 1.10
 def _writer_cpu() -> float:
     """CPU seconds of the trace writers so far: the ended ones (children's resource usage) and
     the process's kept writer (from /proc)."""
-    from experiments import traces
+    from experiments.results import traces
 
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     kept = traces._shared
@@ -156,7 +156,7 @@ def bench_overhead(
     off (alternated `attempts` times, the fastest of each kept) and their ratio; the same for
     whole CLI processes (`cli_attempts` times each; 0: not measured), where the first run of a
     process forks the writer."""
-    from experiments import traces
+    from experiments.results import traces
 
     llm = ["llm=offline", f"++llm._target_={instant_steps.__module__}.instant_steps"]
     # No row reuse: every run answers every question (the runs share one store and cache file).
@@ -208,7 +208,7 @@ def bench_overhead(
         f"{n} questions of `dataset=curated` (first {questions // 2} of single_book and of "
         "cross_book), `strategy=multi-hop`, `retriever=wordllama`, `experiment.concurrency=1`, "
         "`experiment.cache=false` (every run answers every question), "
-        "through `experiments.run.run(cfg)`. The LLM is `instant_steps` "
+        "through `experiments.harness.run.run(cfg)`. The LLM is `instant_steps` "
         "(`experiments/bench_harness.py`): minimal valid replies at once, zero usage, so every "
         "millisecond here is the harness's own. "
         f"Warm process: a {warmup}-question warm-up run in the same store paid imports, ingest "

@@ -82,7 +82,7 @@ def pool(passages: int) -> list[Book]:
 
 def open_retriever(kind: str, store: Path, books: Sequence[Book]) -> Any:
     """The retriever `kind` over `books` in `store`, ingested (unchanged books skipped)."""
-    from experiments.components import build_index
+    from experiments.harness.build import build_index
 
     return build_index(corpus=store, store=store, kind=kind, progress=False, books=books)
 

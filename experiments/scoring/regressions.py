@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from experiments import slices
+from experiments.results import slices
 from experiments.scoring.failures import failure_tags, logged_list
 
 
@@ -154,7 +154,7 @@ def single_questions(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def as_dataset(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    """The rows as question-set items (`experiments.questions.GoldQuestion`): id, question,
+    """The rows as question-set items (`experiments.results.questions.GoldQuestion`): id, question,
     gold answer and passages, hops, books, type and set. A run's table keeps neither the
     reference text nor answer aliases, so those are left empty; a question asked in several
     repeats is written once."""

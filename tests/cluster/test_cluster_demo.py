@@ -22,7 +22,7 @@ from chromadb.config import Settings
 from mlflow import MlflowClient
 
 from caprag.config import PROJECT_ROOT
-from experiments.tracking import TABLE
+from experiments.results.tracking import TABLE
 
 pytestmark = pytest.mark.cluster
 
@@ -36,7 +36,14 @@ def demo(workdir: Path, *args: str) -> tuple[subprocess.Popen[str], Path]:
     workdir.mkdir(parents=True)
     with log.open("w") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "experiments.cluster_demo", "--workdir", str(workdir), *args],
+            [
+                sys.executable,
+                "-m",
+                "experiments.cluster_demo",
+                "--workdir",
+                str(workdir),
+                *args,
+            ],
             cwd=PROJECT_ROOT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
             stdout=out,

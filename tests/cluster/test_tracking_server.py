@@ -18,11 +18,11 @@ import mlflow
 import pytest
 
 from caprag.config import PROJECT_ROOT
-from experiments import tracking
-from experiments.bench_dashboard import synthetic_rows
-from experiments.cluster_demo import mlflow_server, running
 from experiments.dashboard import store
-from experiments.evaluate import aggregate, summary_metrics
+from experiments.perf.cluster_demo import mlflow_server, running
+from experiments.perf.dashboard_bench import synthetic_rows
+from experiments.results import tracking
+from experiments.results.aggregate import aggregate, summary_metrics
 from tests.conftest import FIXTURE_BOOKS
 from tests.reliability.test_faults import FIXTURE_QUESTIONS, KILL_DURING_TRACES
 

@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 
 from caprag.schemas import CallUsage
-from experiments.evaluate import QuestionRow
-from experiments.run import run
-from experiments.tracking import TABLE, mlflow, use_experiment
+from experiments.harness.run import run
+from experiments.results.row import QuestionRow
+from experiments.results.tracking import TABLE, mlflow, use_experiment
 from tests.browsers import launch_chromium
 from tests.integration.test_harness import make_cfg
 

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from experiments.dashboard import data
-from experiments.oracle import ORACLE, oracle_routing
-from experiments.significance import PairingError
+from experiments.scoring.oracle import ORACLE, oracle_routing
+from experiments.scoring.significance import PairingError
 
 
 def raw_runs() -> pd.DataFrame:

@@ -11,8 +11,8 @@ from streamlit.testing.v1 import AppTest
 
 from caprag.strategies import STRATEGIES
 from experiments.dashboard import data
-from experiments.oracle import oracle_routing
-from experiments.tracking import TABLE, mlflow
+from experiments.results.tracking import TABLE, mlflow
+from experiments.scoring.oracle import oracle_routing
 from tests.conftest import FIXTURE_BOOKS
 from tests.dashboard.conftest import Store
 from tests.dashboard.test_app import PAGES, open_page, texts

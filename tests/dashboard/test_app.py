@@ -9,8 +9,8 @@ from streamlit.testing.v1 import AppTest
 
 from caprag.config import PROJECT_ROOT
 from caprag.steps import ROLES
-from experiments.run import run
-from experiments.tracking import mlflow
+from experiments.harness.run import run
+from experiments.results.tracking import mlflow
 from tests.conftest import FIXTURE_BOOKS
 from tests.dashboard.conftest import REPLY, SYSTEM_PROMPT, USER_PROMPT, Store
 

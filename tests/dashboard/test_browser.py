@@ -12,7 +12,7 @@ import pytest
 from playwright.sync_api import Browser, Page
 
 from caprag.config import PROJECT_ROOT
-from experiments.servers import free_port, running
+from experiments.perf.servers import free_port, running
 from tests.conftest import FIXTURE_BOOKS
 from tests.dashboard.conftest import Store
 

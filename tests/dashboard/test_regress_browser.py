@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 from playwright.sync_api import Browser, Page
 
-from experiments.questions import load_questions
+from experiments.results.questions import load_questions
+from experiments.results.tracking import TABLE, mlflow
 from experiments.scoring import regressions as reg
-from experiments.tracking import TABLE, mlflow
 from tests.dashboard.conftest import Store
 from tests.dashboard.test_browser import (
     SHOTS,

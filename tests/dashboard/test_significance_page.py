@@ -10,8 +10,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from experiments.dashboard.significance_view import HIGHLIGHT
-from experiments.significance import compare_runs, table_rows
-from experiments.tracking import TABLE, mlflow, use_experiment
+from experiments.results.tracking import TABLE, mlflow, use_experiment
+from experiments.scoring.significance import compare_runs, table_rows
 from tests.dashboard.conftest import Store
 from tests.dashboard.test_app import open_page, texts
 from tests.unit.test_significance import TAGS, synthetic_pair

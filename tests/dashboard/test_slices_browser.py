@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from playwright.sync_api import Browser, Page
 
-from experiments.tracking import TABLE, mlflow
+from experiments.results.tracking import TABLE, mlflow
 from tests.dashboard.conftest import Store
 from tests.dashboard.test_browser import (
     SHOTS,

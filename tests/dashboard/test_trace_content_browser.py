@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 from playwright.sync_api import Browser
 
-from experiments import traces
 from experiments.dashboard.store import trace_url
-from experiments.evaluate import QuestionRow
-from experiments.tracking import TABLE, mlflow, use_experiment
+from experiments.results import traces
+from experiments.results.row import QuestionRow
+from experiments.results.tracking import TABLE, mlflow, use_experiment
 from tests.dashboard.conftest import (
     REPLY,
     SYSTEM_PROMPT,

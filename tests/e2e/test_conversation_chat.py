@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from caprag.config import PROJECT_ROOT
-from experiments.loadtest import serve
+from experiments.perf.loadtest import serve
 from tests.browsers import launch_chromium
 from tests.conftest import FIXTURE_BOOKS
 

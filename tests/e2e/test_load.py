@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.loadtest import run_load
+from experiments.perf.loadtest import run_load
 from tests.conftest import FIXTURE_BOOKS
 
 pytestmark = pytest.mark.slow

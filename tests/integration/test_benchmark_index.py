@@ -10,9 +10,9 @@ import pytest
 
 from caprag.config import PROJECT_ROOT
 from caprag.store import PAGE_BOOST, PassageIndex, split_children
-from experiments.benchmarks import load_benchmark
-from experiments.components import build_index
-from experiments.data import Dataset
+from experiments.harness.benchmarks import load_benchmark
+from experiments.harness.build import build_index
+from experiments.harness.data import Dataset
 
 HOTPOTQA = PROJECT_ROOT / "datasets" / "benchmarks" / "hotpotqa_dev_distractor.jsonl"
 QUESTIONS = 10

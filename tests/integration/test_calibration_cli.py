@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from caprag.steps.assess import Calibration
-from experiments import calibration
+from experiments.scoring import calibration
 from tests.integration.test_harness import fixture_overrides
 
 

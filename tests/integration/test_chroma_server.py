@@ -20,8 +20,8 @@ from caprag.chroma_server import ServerAddress, ServerLock, ServerPassageIndex, 
 from caprag.config import PROJECT_ROOT
 from caprag.embeddings import Embedder, FloatArray, get_embedder
 from caprag.errors import ConfigError, VectorStoreError
-from experiments.components import build_index
-from experiments.run import run
+from experiments.harness.build import build_index
+from experiments.harness.run import run
 from tests.chroma_server import chroma_server, free_port
 from tests.conftest import FIXTURE_BOOKS
 from tests.integration.test_harness import make_cfg

@@ -10,8 +10,8 @@ from typing import Any
 from hydra import compose, initialize_config_dir
 
 from caprag.config import PROJECT_ROOT
-from experiments.openai_stub import StubServer
-from experiments.run import run
+from experiments.harness.run import run
+from experiments.perf.openai_stub import StubServer
 
 CONF = PROJECT_ROOT / "conf"
 TIMING = {"latency_s", "timings", "started_ns", "started_at"}

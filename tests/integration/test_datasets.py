@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from caprag.config import BUNDLED_CORPUS
-from experiments.questions import QUESTIONS_DIR, DatasetError, load_questions
-from experiments.validate import main, validate
+from experiments.cli.validate import main, validate
+from experiments.results.questions import QUESTIONS_DIR, DatasetError, load_questions
 
 
 def test_shipped_sets_are_valid() -> None:
@@ -93,7 +93,7 @@ def test_duplicate_ids_and_unknown_passages_are_found(broken_copy: Path) -> None
 
 
 def test_limit_per_set_takes_a_number_or_one_per_set() -> None:
-    from experiments.data import load_dataset
+    from experiments.harness.data import load_dataset
 
     sets = ["single_book", "follow_up", "unanswerable"]
     each = load_dataset("all", sets, limit_per_set=2)

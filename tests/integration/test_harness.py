@@ -17,8 +17,9 @@ from caprag.config import PROJECT_ROOT, ROLE_NAMES
 from caprag.errors import ConfigError
 from caprag.steps import ROLES, Steps
 from caprag.strategies import RetrievalStrategy
-from experiments.data import Dataset
-from experiments.run import run, steps_from_config
+from experiments.harness.build import steps_from_config
+from experiments.harness.data import Dataset
+from experiments.harness.run import run
 from tests.conftest import FIXTURE_BOOKS
 
 CONF = PROJECT_ROOT / "conf"

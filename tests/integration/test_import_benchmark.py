@@ -12,9 +12,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from caprag.config import PROJECT_ROOT
-from experiments.benchmarks import load_benchmark, passage_id
-from experiments.import_benchmark import ImportFailed, convert, main
-from experiments.run import run
+from experiments.cli.import_benchmark import ImportFailed, convert, main
+from experiments.harness.benchmarks import load_benchmark, passage_id
+from experiments.harness.run import run
 
 OFFICIAL = Path(__file__).parents[1] / "fixtures" / "official"
 HOTPOTQA = OFFICIAL / "hotpotqa_dev_distractor.json"

@@ -8,7 +8,7 @@ from caprag.services import Pipeline
 from caprag.steps import rule_steps
 from caprag.store import PassageIndex
 from caprag.strategies import MultiHopStrategy
-from experiments.questions import QUESTIONS_DIR, load_questions
+from experiments.results.questions import QUESTIONS_DIR, load_questions
 
 pytestmark = pytest.mark.slow
 

@@ -209,7 +209,7 @@ def test_cli_missing_key_message_not_traceback(fixture_env: object) -> None:
 
 
 async def test_ragas_judge_goes_through_the_openai_compatible_endpoint() -> None:
-    from experiments.judges import RagasJudge
+    from experiments.scoring.judges import RagasJudge
 
     with OpenAIStub(default={"fill_schema": "A torch burns for one hour."}) as stub:
         judge = RagasJudge("judge-model", api_key="k", base_url=stub.base_url)
@@ -233,7 +233,7 @@ async def test_ragas_judge_goes_through_the_openai_compatible_endpoint() -> None
 
 
 async def test_judge_failures_are_missing_with_reason_not_zero() -> None:
-    from experiments.judges import RagasJudge
+    from experiments.scoring.judges import RagasJudge
 
     with OpenAIStub(default={"content": "{}"}) as stub:
         judge = RagasJudge("judge-model", api_key="k", base_url=stub.base_url)
@@ -244,7 +244,7 @@ async def test_judge_failures_are_missing_with_reason_not_zero() -> None:
 
 
 def test_judge_without_key_is_refused() -> None:
-    from experiments.judges import RagasJudge
+    from experiments.scoring.judges import RagasJudge
 
     with pytest.raises(MissingAPIKeyError, match="judge=openai"):
         RagasJudge("m", api_key=None, base_url=None)

@@ -16,7 +16,7 @@ from caprag.steps.analyze import SufficiencyDecision
 from caprag.steps.assess import ConfidenceAssessment
 from caprag.steps.classify import QueryClass
 from caprag.steps.generate import GeneratedAnswer
-from experiments.openai_stub import StubServer, fill, fill_schema
+from experiments.perf.openai_stub import StubServer, fill, fill_schema
 from tests.fakes import openai_steps
 
 DOCS = [

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from caprag.api import create_app
 from caprag.config import load_settings
 from caprag.services import build_pipeline
-from experiments.openai_stub import StubServer
+from experiments.perf.openai_stub import StubServer
 
 PLACEHOLDER = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")
 FIRST = "What penalty does the second attack of a Flurry suffer?"
@@ -114,7 +114,7 @@ def test_a_harness_run_keeps_every_call_as_sent_in_table_and_trace(
 ) -> None:
     import mlflow
 
-    from experiments.run import run
+    from experiments.harness.run import run
     from tests.integration.test_harness import make_cfg
 
     monkeypatch.setenv("OPENAI_API_KEY", "test-key")

@@ -7,8 +7,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from experiments import report
-from experiments.runs import LoadedRun
+from experiments.cli import report
+from experiments.results.runs import LoadedRun
 
 
 def run(run_id: str, strategy: str, recalls: list[float], tokens: list[float]) -> LoadedRun:

@@ -15,9 +15,9 @@ import pytest
 from omegaconf import DictConfig
 
 from caprag.config import PROJECT_ROOT
-from experiments.journal import Journal, config_hash
-from experiments.openai_stub import StubServer
-from experiments.run import run
+from experiments.harness.journal import Journal, config_hash
+from experiments.harness.run import run
+from experiments.perf.openai_stub import StubServer
 from tests.conftest import FIXTURE_BOOKS
 from tests.integration.test_harness import FIXTURE_QUESTIONS, make_cfg
 
@@ -151,7 +151,7 @@ def test_config_hash_ignores_only_what_does_not_change_rows() -> None:
 
 
 def test_journal_skips_a_torn_line_and_appends_after_it(tmp_path: Path) -> None:
-    from experiments.evaluate import QuestionRow
+    from experiments.results.row import QuestionRow
 
     row = QuestionRow("c1", "q1", "single_book", "factual", 1, "Q?", "A")
     journal = Journal(tmp_path, "run").open()
@@ -253,7 +253,7 @@ def test_resume_refuses_a_run_of_another_config(tmp_path: Path) -> None:
 def test_a_run_that_raised_is_resumed_by_the_same_process_while_its_traceback_lives(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import experiments.run as run_module
+    import experiments.harness.run as run_module
 
     cfg = make_cfg(tmp_path, "dataset=single_book", "experiment.ragas=false")
     real = run_module.aggregate

@@ -18,7 +18,7 @@ from caprag.schemas import Document
 from caprag.services import build_pipeline
 from caprag.store import PassageIndex
 from caprag.strategies import STRATEGIES
-from experiments.run import run
+from experiments.harness.run import run
 from tests.conftest import FIXTURE_BOOKS
 from tests.integration.test_harness import make_cfg
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig
 
-from experiments.data import EvalCase
-from experiments.evaluate import QuestionRow
 from experiments.harness import reuse
+from experiments.harness.data import EvalCase
 from experiments.harness.reuse import RowCache, code_fingerprint
-from experiments.openai_stub import StubServer
-from experiments.run import run
+from experiments.harness.run import run
+from experiments.perf.openai_stub import StubServer
+from experiments.results.row import QuestionRow
 from tests.conftest import FIXTURE_BOOKS
 from tests.integration.test_harness import FIXTURE_QUESTIONS, make_cfg
 
@@ -102,7 +102,7 @@ def test_a_code_change_asks_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 
 def test_only_cases_whose_turns_all_succeeded_are_stored(tmp_path: Path) -> None:
-    from experiments.questions import GoldQuestion
+    from experiments.results.questions import GoldQuestion
 
     turn = GoldQuestion(
         id="q1",

@@ -9,8 +9,8 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from experiments import report, summary
-from experiments.run import run
+from experiments.cli import report, summary
+from experiments.harness.run import run
 from tests.integration.test_harness import make_cfg
 
 

@@ -10,9 +10,9 @@ import mlflow
 import pytest
 from mlflow.entities import Expectation, Feedback
 
-from experiments import traces
-from experiments.evaluate import QuestionRow
-from experiments.run import run
+from experiments.harness.run import run
+from experiments.results import traces
+from experiments.results.row import QuestionRow
 from tests.integration.test_harness import make_cfg
 from tests.integration.test_traces import make_row, make_target
 

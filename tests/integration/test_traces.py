@@ -15,9 +15,9 @@ import pytest
 from opentelemetry.sdk.resources import Resource
 
 from caprag.config import PROJECT_ROOT
-from experiments import traces
-from experiments.evaluate import QuestionRow
-from experiments.run import run
+from experiments.harness.run import run
+from experiments.results import traces
+from experiments.results.row import QuestionRow
 from tests.integration.test_harness import make_cfg
 
 MS = 1_000_000
@@ -233,7 +233,7 @@ def test_close_looks_up_only_the_traces_the_writer_did_not_report(
 WRITER_DIES_WITH_ROWS_QUEUED = """
 import os, sys, time
 from caprag.config import PROJECT_ROOT
-from experiments import traces
+from experiments.results import traces
 from tests.integration.test_traces import make_row, make_target
 from pathlib import Path
 

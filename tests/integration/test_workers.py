@@ -19,10 +19,10 @@ from omegaconf import DictConfig
 from caprag.config import PROJECT_ROOT
 from caprag.errors import ConfigError
 from experiments.harness import workers
+from experiments.harness.journal import Journal
+from experiments.harness.run import run
 from experiments.harness.workers import WorkerError, WorkerPool
-from experiments.journal import Journal
-from experiments.openai_stub import StubServer
-from experiments.run import run
+from experiments.perf.openai_stub import StubServer
 from tests.conftest import FIXTURE_BOOKS
 from tests.integration.test_concurrency import untimed
 

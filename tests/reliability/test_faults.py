@@ -114,7 +114,7 @@ KILL_DURING_TRACES = textwrap.dedent(
     """
     import os, signal, sys
     import caprag  # telemetry opt-outs first
-    from experiments import traces
+    from experiments.results import traces
 
     real = traces.write_traces
     harness = os.getpid()
@@ -133,7 +133,7 @@ KILL_DURING_TRACES = textwrap.dedent(
         return []
 
     traces.write_traces = write_four_then_kill_the_harness
-    from experiments.run import main
+    from experiments.harness.run import main
     sys.argv = ["experiments.run", *sys.argv[1:]]
     main()
     """

@@ -18,8 +18,9 @@ from omegaconf import DictConfig
 from caprag.config import PROJECT_ROOT, load_settings
 from caprag.errors import BookFormatError, CapragError, ConfigError
 from caprag.ingest import ingest_path
-from experiments.questions import DatasetError
-from experiments.run import check_tracking_uri, run
+from experiments.harness.run import run
+from experiments.harness.settings import check_tracking_uri
+from experiments.results.questions import DatasetError
 from tests.conftest import FIXTURE_BOOKS
 
 CONF = PROJECT_ROOT / "conf"

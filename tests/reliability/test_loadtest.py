@@ -19,7 +19,7 @@ from typing import TypeVar
 import httpx
 
 from caprag.config import PROJECT_ROOT
-from experiments.loadtest import drive
+from experiments.perf.loadtest import drive
 from tests.conftest import FIXTURE_BOOKS
 
 T = TypeVar("T")

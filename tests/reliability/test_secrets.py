@@ -24,7 +24,7 @@ from caprag.secrets import REDACTED, redact, redact_config
 from caprag.services import Pipeline, steps_from_settings
 from caprag.store import PassageIndex
 from caprag.strategies import STRATEGIES
-from experiments.journal import config_hash
+from experiments.harness.journal import config_hash
 from tests.conftest import FIXTURE_BOOKS
 from tests.fakes import OpenAIStub
 

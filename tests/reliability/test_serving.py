@@ -37,7 +37,7 @@ from caprag.steps import Steps, rule_steps
 from caprag.steps.generate import RuleGenerator
 from caprag.store import PassageIndex
 from caprag.strategies import SingleQueryStrategy
-from experiments.servers import free_port, running
+from experiments.perf.servers import free_port, running
 from tests.conftest import FIXTURE_BOOKS
 from tests.fakes import ManualClock
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from caprag.config import PROJECT_ROOT
-from experiments.openai_stub import StubServer
+from experiments.perf.openai_stub import StubServer
 from tests.conftest import FIXTURE_BOOKS
 
 FIXTURE_QUESTIONS = Path(__file__).parents[1] / "fixtures" / "questions"

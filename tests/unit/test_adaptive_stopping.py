@@ -27,7 +27,7 @@ from caprag.strategies.adaptive import (
     decide,
     top_k_agreement,
 )
-from experiments import calibration as calib
+from experiments.scoring import calibration as calib
 from tests.conftest import FIXTURE_BOOKS
 from tests.fakes import ManualClock, ScriptedChatModel, scripted_steps
 
@@ -263,7 +263,7 @@ class BusyMachine:
 
 
 def harness_strategy(index: PassageIndex, tmp: Path) -> AdaptiveDepthStrategy:
-    """The adaptive strategy exactly as `experiments.run` builds it from conf/."""
+    """The adaptive strategy exactly as `experiments.harness.run` builds it from conf/."""
     with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
         cfg = compose(
             "config",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from caprag.schemas import Document
-from experiments.bench_harness import instant_steps
+from experiments.perf.harness_bench import instant_steps
 from experiments.perf.overhead import bench_overhead
 
 PHASES = (

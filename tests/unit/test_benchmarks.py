@@ -14,9 +14,9 @@ from hydra.utils import instantiate
 
 from caprag.config import PROJECT_ROOT
 from caprag.errors import ConfigError
-from experiments.benchmarks import load_benchmark, passage_id
-from experiments.data import BookCorpus, load_dataset
-from experiments.questions import DatasetError
+from experiments.harness.benchmarks import load_benchmark, passage_id
+from experiments.harness.data import BookCorpus, load_dataset
+from experiments.results.questions import DatasetError
 
 BENCHMARKS = PROJECT_ROOT / "datasets" / "benchmarks"
 SHARED = {"title": "Glasgow", "text": "Glasgow is the largest city in Scotland."}

@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from experiments.calibration import (
+from experiments.scoring.calibration import (
     adaptive_summary,
     expected_calibration_error,
     reliability,

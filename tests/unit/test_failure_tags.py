@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from experiments.evaluate import QuestionRow
+from experiments.results.row import QuestionRow
 from experiments.scoring.failures import (
     BUDGET_STOP,
     ERROR,

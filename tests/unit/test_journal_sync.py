@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 
 from caprag.config import PROJECT_ROOT
-from experiments import journal as journal_module
-from experiments.evaluate import QuestionRow
-from experiments.journal import Journal, JournalSyncError
+from experiments.harness import journal as journal_module
+from experiments.harness.journal import Journal, JournalSyncError
+from experiments.results.row import QuestionRow
 
 APPEND_THEN_KILL = textwrap.dedent(
     """
     import os, signal, sys
-    from experiments.evaluate import QuestionRow
-    from experiments.journal import Journal
+    from experiments.results.row import QuestionRow
+    from experiments.harness.journal import Journal
 
     journal = Journal(sys.argv[1], "run").open()
     for number in range(3):

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from experiments.data import EvalCase, load_dataset
-from experiments.evaluate import QuestionRow
-from experiments.journal import Journal
+from experiments.harness.data import EvalCase, load_dataset
+from experiments.harness.journal import Journal
 from experiments.perf.memory import JournalProgress, copy_question_sets, section
-from experiments.questions import SETS
+from experiments.results.questions import SETS
+from experiments.results.row import QuestionRow
 
 
 def test_copied_sets_load_as_one_dataset_of_distinct_questions(tmp_path: Path) -> None:

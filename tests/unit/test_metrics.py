@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from experiments import metrics
-from experiments.evaluate import QuestionRow, aggregate, percentile
-from experiments.gate import Tolerance, compare
+from experiments.cli.gate import Tolerance, compare
+from experiments.results.aggregate import aggregate, percentile
+from experiments.results.row import QuestionRow
+from experiments.scoring import metrics
 
 
 def test_squad_normalisation_and_f1() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from experiments.oracle import ORACLE, OracleError, markdown, oracle_routing
+from experiments.scoring.oracle import ORACLE, OracleError, markdown, oracle_routing
 
 
 def row(qid: str, recall: float | None, tokens: float, **extra: object) -> dict[str, object]:

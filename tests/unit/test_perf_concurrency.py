@@ -6,8 +6,8 @@ import cProfile
 import pstats
 import random
 
-from experiments.evaluate import percentile
 from experiments.perf.concurrency import COMPONENTS, cpu_by_component, questions_for
+from experiments.results.aggregate import percentile
 
 HARNESS = next(name for name, markers in COMPONENTS if "experiments" in markers)
 

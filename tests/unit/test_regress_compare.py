@@ -8,9 +8,9 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from experiments.data import load_dataset
-from experiments.evaluate import QuestionRow
-from experiments.questions import load_questions
+from experiments.harness.data import load_dataset
+from experiments.results.questions import load_questions
+from experiments.results.row import QuestionRow
 from experiments.scoring import regressions as reg
 from experiments.scoring.failures import ERROR, STOPPED_EARLY
 

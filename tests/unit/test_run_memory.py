@@ -14,9 +14,10 @@ from caprag.schemas import Document
 from caprag.services import Pipeline
 from caprag.steps import rule_steps
 from caprag.strategies import STRATEGIES
-from experiments.data import Dataset, EvalCase
-from experiments.evaluate import Evaluator, QuestionRow
-from experiments.questions import GoldQuestion
+from experiments.harness.data import Dataset, EvalCase
+from experiments.harness.evaluate import Evaluator
+from experiments.results.questions import GoldQuestion
+from experiments.results.row import QuestionRow
 
 WORDS = "torch lantern rope sword shield potion arrow bow staff cloak ring amulet helm".split()
 PASSAGES = 120

@@ -10,8 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments import compare
-from experiments.significance import (
+from experiments.cli import compare
+from experiments.results.tracking import mlflow, use_experiment
+from experiments.scoring.significance import (
     DEFAULT_METRICS,
     MetricComparison,
     PairingError,
@@ -22,7 +23,6 @@ from experiments.significance import (
     render_table,
     verdict,
 )
-from experiments.tracking import mlflow, use_experiment
 
 
 def run_rows(

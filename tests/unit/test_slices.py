@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from mlflow.utils.validation import validate_param_and_metric_name
 
-from experiments.slices import (
+from experiments.results.slices import (
     keys_of,
     metric_name,
     question_type,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.run import sweep_name, swept
+from experiments.harness.identity import sweep_name, swept
 
 
 def saved_sweep(folder: Path, task: list[str], params: dict[str, str] | None = None) -> Path:

@@ -9,7 +9,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from experiments import tracking
+from experiments.results import tracking
 
 
 def test_the_later_of_two_machines_keeps_the_earliest_parent(

@@ -13,8 +13,9 @@ from mlflow.tracing.constant import SpanAttributeKey
 from caprag.schemas import Document, RetrievedRef
 from caprag.services import AskResult
 from caprag.trace import HopTrace
-from experiments import traces
-from experiments.evaluate import PASSAGE_CHARS, QuestionRow, trace_of
+from experiments.harness.evaluate import trace_of
+from experiments.results import traces
+from experiments.results.row import PASSAGE_CHARS, QuestionRow
 
 TARGET = traces.Target("sqlite:///unused.db", "7", "run-1", "multi-hop")
 MESSAGES = [

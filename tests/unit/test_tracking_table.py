@@ -6,10 +6,10 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from experiments import tracking
-from experiments.bench_dashboard import synthetic_rows
-from experiments.evaluate import aggregate, summary_metrics
-from experiments.tracking import mlflow
+from experiments.perf.dashboard_bench import synthetic_rows
+from experiments.results import tracking
+from experiments.results.aggregate import aggregate, summary_metrics
+from experiments.results.tracking import mlflow
 
 
 def test_logging_results_twice_keeps_one_row_per_question(tmp_path: Path) -> None:

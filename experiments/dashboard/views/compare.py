@@ -5,7 +5,6 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from experiments.calibration import reliability
 from experiments.dashboard import charts, selection
 from experiments.dashboard.data import (
     COST,
@@ -28,9 +27,7 @@ from experiments.dashboard.data import (
     trace_from_row,
 )
 from experiments.dashboard.trace_view import render_trace
-from experiments.oracle import OracleError, oracle_routing
-from experiments.significance import PairingError
-from experiments.slices import (
+from experiments.results.slices import (
     DIMENSION_LABELS,
     SLICE_METRICS,
     Dimension,
@@ -38,7 +35,10 @@ from experiments.slices import (
     rows_in,
     sliced_runs,
 )
-from experiments.tables import SHOWN
+from experiments.results.tables import SHOWN
+from experiments.scoring.calibration import reliability
+from experiments.scoring.oracle import OracleError, oracle_routing
+from experiments.scoring.significance import PairingError
 
 # The metrics recomputed on a slice: every one the metrics table shows, and tokens.
 SLICED = [*(name for name, _ in SHOWN), "tokens"]

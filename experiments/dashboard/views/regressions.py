@@ -118,7 +118,7 @@ st.download_button(
     mime="application/jsonl",
     disabled=not items,
     help="The questions shown, one JSON object a line in the question-set schema "
-    "(datasets/README.md): load it with `experiments.questions.load_questions`",
+    "(datasets/README.md): load it with `experiments.results.questions.load_questions`",
 )
 left_out = len(shown) - len(reg.single_questions(shown))
 turns = f"; {left_out} conversation turns left out (a turn needs its conversation)"

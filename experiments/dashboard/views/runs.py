@@ -9,7 +9,7 @@ import streamlit as st
 
 from experiments.dashboard import selection
 from experiments.dashboard.data import filter_runs
-from experiments.tables import SHOWN as METRIC_NAMES
+from experiments.results.tables import SHOWN as METRIC_NAMES
 
 # The columns after the run and the picked metrics (a bare string here would be shown: magic).
 DETAILS = [

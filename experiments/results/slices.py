@@ -1,6 +1,6 @@
 """Metrics by slice of the questions: by question set, question type and gold hop count.
 
-The one aggregation behind every breakdown (MLflow metrics, `experiments.summary`, reports, the
+The one aggregation behind every breakdown (MLflow metrics, `experiments.cli.summary`, reports, the
 dashboard's Compare page), computed from a run's per-question table, so runs logged before slices
 existed slice too. A slice's mean covers its answered questions (status ok) that have the metric;
 its `questions` counts all of its questions, failed ones included.

@@ -8,8 +8,8 @@ from typing import Any
 
 import pandas as pd
 
-from experiments import tracking
-from experiments.tracking import mlflow
+from experiments.results import tracking
+from experiments.results.tracking import mlflow
 
 
 @dataclass

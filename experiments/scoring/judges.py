@@ -7,7 +7,8 @@ from typing import Any
 
 from caprag.llm.openai import DEFAULT_KEY_VARIABLE, resolve_api_key
 from caprag.secrets import redact
-from experiments.ragas_metrics import Scores, _import_ragas
+from experiments.scoring.question import Scores
+from experiments.scoring.ragas_metrics import _import_ragas
 
 
 def no_judge() -> None:

@@ -6,15 +6,14 @@ import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from caprag.config import PROJECT_ROOT
+from caprag.steps.classify import QueryType
 
 QUESTIONS_DIR = PROJECT_ROOT / "datasets" / "questions"
 SETS = ("single_book", "cross_book", "follow_up", "unanswerable")
-QueryType = Literal["factual", "operational", "decision", "strategic"]
 
 
 class DatasetError(Exception):

@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 from caprag.llm.usage import PRICE_TABLE_VERSION, known_model, price
 from caprag.services import AskResult, Pipeline
 from caprag.strategies import RetrievalStrategy
-from experiments.data import Dataset, EvalCase
+from experiments.harness.data import Dataset, EvalCase
 
 DEFAULT_PRICE_MODEL = "gpt-4o-mini"
 

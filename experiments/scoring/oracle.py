@@ -8,12 +8,12 @@ the right strategy would save, and at what quality.
 
 Rows are a run's per-question rows (the `questions.json` table the report generator loads from
 MLflow, as a DataFrame or as a sequence of mappings). Repeats are averaged per question and failed
-rows left out, as in `experiments.significance`. A question that some run has no ok row for is
-left out of every total (so all totals cover the same questions). A question whose quality no run
-could measure (unanswerable: no gold passage) goes to the cheapest run and counts in
-`unscored`; its cost is in the totals, and mean quality is over the scored questions only.
+rows left out, as in `experiments.scoring.significance`. A question that some run has no ok row for
+is left out of every total (so all totals cover the same questions). A question whose quality no run
+could measure (unanswerable: no gold passage) goes to the cheapest run and counts in `unscored`; its
+cost is in the totals, and mean quality is over the scored questions only.
 
-    from experiments.oracle import oracle_routing
+    from experiments.scoring.oracle import oracle_routing
     result = oracle_routing({"single": rows_a, "multi-hop": rows_b})
     result.summary()          # one row per run + the oracle: cost, quality, saving
     result.choices            # one row per question: the run chosen, its cost and quality
@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from experiments.significance import KEY, question_means
-from experiments.tables import markdown_table
+from experiments.results.tables import markdown_table
+from experiments.scoring.significance import KEY, question_means
 
 RunRows = pd.DataFrame | Sequence[Mapping[str, Any]]
 """One run's per-question rows: needs `question_id`, the cost and quality columns, and
@@ -251,7 +251,7 @@ def _cell(value: float | None, kind: str) -> str:
 
 
 def markdown(result: OracleResult) -> str:
-    """The oracle section's tables and a sentence reading them (for `experiments.report`)."""
+    """The oracle section's tables and a sentence reading them (for `experiments.cli.report`)."""
     best = result.best_single()
     head = [
         f"Per question, the cheapest run (by {result.cost}) among those that reached the best "

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from caprag.telemetry import disable_telemetry
+from experiments.scoring.question import Scores
 
 disable_telemetry()
 
@@ -32,9 +33,6 @@ def _import_ragas() -> Any:
         import ragas
         import ragas.metrics
     return ragas
-
-
-Scores = tuple[dict[str, float], dict[str, str]]
 
 
 class OfflineRagas:

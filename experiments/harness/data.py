@@ -11,7 +11,7 @@ from typing import Any, overload
 from caprag.books import Book
 from caprag.chroma_server import store_child
 from caprag.errors import ConfigError
-from experiments.questions import (
+from experiments.results.questions import (
     QUESTIONS_DIR,
     SETS,
     Conversation,

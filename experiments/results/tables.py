@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from experiments.evaluate import Aggregate, Failures
+from experiments.results.aggregate import Aggregate, Failures
 
 SHOWN = (
     ("recall_at_k", "gold-passage recall@k"),

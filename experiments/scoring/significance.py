@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from experiments.tables import fmt, markdown_table
+from experiments.results.tables import fmt, markdown_table
 
 KEY = "question_id"
 QUALITY_METRICS = ("recall_at_k", "all_gold_at_k", "mrr", "f1", "exact_match", "context_recall")

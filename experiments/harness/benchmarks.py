@@ -23,8 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from caprag.books import BOOK_ID, Book, BookMeta, Passage, slugify
 from caprag.errors import ConfigError
-from experiments.data import Dataset, EvalCase
-from experiments.questions import DatasetError, GoldQuestion, explain, read_jsonl
+from experiments.harness.data import Dataset, EvalCase
+from experiments.results.questions import DatasetError, GoldQuestion, explain, read_jsonl
 
 Mode = Literal["pooled", "distractor"]
 MODES: tuple[Mode, ...] = ("pooled", "distractor")

@@ -2,7 +2,7 @@
 and memory sections are in `experiments/perf/`).
 
 Each `bench_*` function is a section of `python -m experiments.bench` and returns its Markdown
-with the raw numbers. Runs go through the real `experiments.run.run(cfg)` (composed like the
+with the raw numbers. Runs go through the real `experiments.harness.run.run(cfg)` (composed like the
 tests compose it) into a temporary store, MLflow database, journal folder and cache file.
 """
 
@@ -189,9 +189,9 @@ def timed_run(
     """run(cfg) with its phases (and any `extra` functions) timed, its printout swallowed:
     (result, phases, wall seconds)."""
     from caprag.store import PassageIndex
-    from experiments import run as run_module
-    from experiments import tracking
-    from experiments.evaluate import Evaluator
+    from experiments.harness import run as run_module
+    from experiments.harness.evaluate import Evaluator
+    from experiments.results import tracking
 
     watch = Stopwatch()
     targets: dict[str, tuple[object, str]] = {

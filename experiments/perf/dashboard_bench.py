@@ -1,7 +1,7 @@
 """How fast the dashboard's pages open over a large store (200 runs × 300 question rows).
 
-The store is filled with the real logging functions (experiments.tracking) from synthetic rows,
-so every run has real metrics and a real `questions.json` table (no MLflow traces).
+The store is filled with the real logging functions (experiments.results.tracking) from synthetic
+rows, so every run has real metrics and a real `questions.json` table (no MLflow traces).
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from caprag.config import PROJECT_ROOT
-from experiments import tracking
-from experiments.evaluate import QuestionRow, aggregate, summary_metrics
+from experiments.results import tracking
+from experiments.results.aggregate import aggregate, summary_metrics
+from experiments.results.row import QuestionRow
 
 APP = PROJECT_ROOT / "experiments" / "dashboard" / "app.py"
 PAGES = {

@@ -27,7 +27,7 @@ from typing import IO, Any
 
 from caprag.errors import CapragError
 from caprag.secrets import redact_config
-from experiments.evaluate import QuestionRow
+from experiments.results.row import QuestionRow
 
 VOLATILE = (
     "experiment.resume",

@@ -70,7 +70,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
 
-from experiments.evaluate import QuestionRow
+from experiments.results.row import QuestionRow
 
 CASE_TAG = "caprag.case"
 """Trace tag naming the case (repeat:question id) a trace belongs to."""

@@ -23,8 +23,9 @@ disable_telemetry()
 
 import mlflow  # noqa: E402  (after the telemetry opt-out)
 
-from experiments.evaluate import Aggregate, QuestionRow  # noqa: E402
-from experiments.slices import slice_metrics  # noqa: E402
+from experiments.results.aggregate import Aggregate  # noqa: E402
+from experiments.results.row import QuestionRow  # noqa: E402
+from experiments.results.slices import slice_metrics  # noqa: E402
 
 DEFAULT_URI = f"sqlite:///{PROJECT_ROOT / 'mlruns.db'}"
 TABLE = "questions.json"
@@ -204,8 +205,8 @@ def log_results(
     rows: Sequence[QuestionRow], aggregates: Mapping[str, Aggregate], summary: Mapping[str, float]
 ) -> None:
     """Means and coverage as metrics, the main ones per slice (`recall_at_k/cross_book`,
-    `recall_at_k/type/bridge`: experiments.slices), recall per hop as a stepped metric, rows as a
-    table."""
+    `recall_at_k/type/bridge`: experiments.results.slices), recall per hop as a stepped metric,
+    rows as a table."""
     metrics: dict[str, float] = dict(summary)
     for name, agg in aggregates.items():
         if agg.mean is not None:

@@ -1,0 +1,163 @@
+"""`python -m experiments.gate [--update]`: fail when quality drops against reports/baseline.json.
+
+Runs a small deterministic offline evaluation (the first N questions of the single-book and
+cross-book sets, with multi-hop and multi-question), compares each metric with the committed
+baseline within its tolerance, prints a table, exits 1 on a regression.
+Update the baseline on purpose with `python -m experiments.gate --update` and commit the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+
+from caprag.config import PROJECT_ROOT
+from experiments.harness.run import RunResult, run
+from experiments.results.tables import markdown_table
+from experiments.results.tracking import git_commit
+
+BASELINE = PROJECT_ROOT / "reports" / "baseline.json"
+STRATEGIES = ("multi-hop", "multi-question")
+SETS = ("single_book", "cross_book")
+PER_SET = 25
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How far a metric may move the wrong way before it counts as a regression."""
+
+    higher_is_better: bool
+    absolute: float = 0.0
+    relative: float = 0.0
+
+    def allowed(self, baseline: float) -> float:
+        """The worst value still accepted."""
+        slack = max(self.absolute, abs(baseline) * self.relative)
+        return baseline - slack if self.higher_is_better else baseline + slack
+
+
+TOLERANCES = {
+    "recall_at_k": Tolerance(True, absolute=0.02),
+    "all_gold_at_k": Tolerance(True, absolute=0.02),
+    "mrr": Tolerance(True, absolute=0.02),
+    "f1": Tolerance(True, absolute=0.02),
+    "ragas_context_recall": Tolerance(True, absolute=0.02),
+    "tokens": Tolerance(False, relative=0.15),
+}
+
+
+def evaluate(overrides: list[str]) -> dict[str, dict[str, float]]:
+    """Metric means per 'strategy/set' for the gate's fixed configuration."""
+    results: dict[str, dict[str, float]] = {}
+    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
+        for strategy in STRATEGIES:
+            cfg = compose(
+                "config",
+                overrides=[
+                    f"strategy={strategy}",
+                    "dataset=curated",
+                    "llm=offline",
+                    "judge=none",
+                    f"experiment.limit_per_set={PER_SET}",
+                    "experiment.name=gate",
+                    "tracking.enabled=false",
+                    "experiment.progress=false",
+                    *overrides,
+                ],
+            )
+            result: RunResult = run(cfg)
+            for set_name in SETS:
+                rows = [r for r in result.rows if r.set == set_name and r.status == "ok"]
+                results[f"{strategy}/{set_name}"] = {
+                    name: sum(r.values[name] for r in rows) / len(rows)
+                    for name in TOLERANCES
+                    if rows and all(name in r.values for r in rows)
+                }
+                results[f"{strategy}/{set_name}"]["failed"] = float(
+                    sum(1 for r in result.rows if r.set == set_name and r.status != "ok")
+                )
+    return results
+
+
+def compare(
+    baseline: dict[str, dict[str, float]], now: dict[str, dict[str, float]]
+) -> tuple[list[list[str]], int]:
+    """Table rows and the number of regressions."""
+    rows: list[list[str]] = []
+    regressions = 0
+    for key in sorted(baseline):
+        for metric, tolerance in TOLERANCES.items():
+            if metric not in baseline[key]:
+                continue
+            before = baseline[key][metric]
+            after = now.get(key, {}).get(metric)
+            if after is None:
+                status, regressions = "MISSING", regressions + 1
+                rows.append([key, metric, f"{before:.4f}", "—", "", "", status])
+                continue
+            limit = tolerance.allowed(before)
+            worse = after < limit if tolerance.higher_is_better else after > limit
+            status = "REGRESSION" if worse else "ok"
+            regressions += worse
+            rows.append(
+                [
+                    key,
+                    metric,
+                    f"{before:.4f}",
+                    f"{after:.4f}",
+                    f"{after - before:+.4f}",
+                    f"{limit:.4f}",
+                    status,
+                ]
+            )
+        failed = now.get(key, {}).get("failed", 0.0)
+        if failed:
+            regressions += 1
+            rows.append([key, "failed questions", "0", f"{failed:.0f}", "", "0", "REGRESSION"])
+    return rows, regressions
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the gate; --update rewrites the baseline instead of checking it."""
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.gate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--update", action="store_true", help="write reports/baseline.json")
+    parser.add_argument("--baseline", type=Path, default=BASELINE)
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides")
+    args = parser.parse_args(argv)
+    now = evaluate(args.overrides)
+    if args.update:
+        payload = {
+            "created": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "commit": git_commit(),
+            "questions_per_set": PER_SET,
+            "tolerances": {k: vars(v) for k, v in TOLERANCES.items()},
+            "results": now,
+        }
+        args.baseline.write_text(json.dumps(payload, indent=1) + "\n")
+        print(f"wrote {args.baseline}; commit it to make it the baseline")
+        return 0
+    if not args.baseline.exists():
+        print(f"error: no baseline at {args.baseline}; create it with --update", file=sys.stderr)
+        return 2
+    baseline = json.loads(args.baseline.read_text())["results"]
+    rows, regressions = compare(baseline, now)
+    print(markdown_table(["run", "metric", "baseline", "now", "delta", "limit", "status"], rows))
+    if regressions:
+        print(f"gate: {regressions} regression(s) against {args.baseline}")
+        return 1
+    print(f"gate: no regression against {args.baseline}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""Builders: the objects a run is made of, from config (`_target_` + instantiate), dependencies
+passed in. Nothing here runs a question."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from caprag.books import Book, load_books
+from caprag.errors import CapragError, ConfigError
+from caprag.hybrid import RRF_K
+from caprag.ingest import Index, make_index
+from caprag.llm import StructuredClient
+from caprag.services import Pipeline
+from caprag.steps import ROLES, Steps, build_steps, rule_steps
+from caprag.store import PassageIndex
+from caprag.strategies import RetrievalStrategy, Retriever
+from experiments.harness.data import Dataset
+from experiments.harness.dryrun import (
+    client_config,
+    estimate_price_model,
+)
+from experiments.harness.evaluate import Evaluator
+from experiments.harness.reuse import RowCache, run_fingerprint
+from experiments.results.questions import DatasetError
+from experiments.scoring.question import Scorer
+
+KINDS = ("dense", "bm25", "hybrid")
+"""What build_index(kind=...) accepts."""
+
+
+def build_index(
+    corpus: str | Path,
+    store: str | Path,
+    embedding: str = "minilm",
+    chunk_chars: int = 420,
+    ingest: bool = True,
+    progress: bool = True,
+    books: Sequence[Book] | None = None,
+    kind: str = "dense",
+    rrf_k: int = RRF_K,
+) -> Index:
+    """Open the passage index and bring it up to date (unchanged books skipped).
+
+    `kind`: dense (embedded chunks in Chroma), bm25 (lexical, in `<store>/bm25/`) or hybrid (both,
+    fused by reciprocal rank with constant `rrf_k`). `books` (a benchmark's own corpus) replaces
+    the books under `corpus`, which is then not read.
+    """
+    if books is not None and not all(isinstance(book, Book) for book in books):
+        raise ConfigError(
+            "build_index(books=...) needs Book objects; through hydra.utils.instantiate pass them "
+            "as experiments.harness.data.BookCorpus (a list of dataclasses is turned into configs)"
+        )
+    if kind not in KINDS:
+        raise ConfigError(f"retriever kind={kind!r} is not allowed: expected {' | '.join(KINDS)}")
+    if isinstance(rrf_k, bool) or not isinstance(rrf_k, int) or rrf_k < 1:
+        raise ConfigError(f"retriever rrf_k={rrf_k!r} is not allowed: expected a whole number >= 1")
+    index = make_index(kind, store, embedding, child_chars=chunk_chars, rrf_k=rrf_k)
+    if ingest:
+        index.ingest(load_books(corpus) if books is None else books, progress=progress)
+    return index
+
+
+@dataclass
+class Components:
+    """What a run is made of, built from config; the LLM is rebuilt per repeat (its seed)."""
+
+    dataset: Dataset
+    steps: Steps
+    scorers: list[Scorer]
+    index: PassageIndex
+    make_strategy: Callable[..., RetrievalStrategy]
+
+    def strategy(
+        self, steps: Steps, k: int, retriever: Retriever | None = None
+    ) -> RetrievalStrategy:
+        """The configured strategy over the index (or a narrower retriever) and the steps."""
+        try:
+            return self.make_strategy(retriever=retriever or self.index, steps=steps, k=k)
+        except ValueError as exc:  # settings that do not fit together (adaptive's max_depth)
+            raise ConfigError(f"strategy: {exc}") from None
+
+
+def instantiate_or_raise(cfg: DictConfig, what: str, **overrides: Any) -> Any:
+    """instantiate() that surfaces our own errors instead of Hydra's wrapper."""
+    try:
+        return instantiate(cfg, **overrides)
+    except InstantiationException as exc:
+        cause = exc.__cause__
+        if isinstance(cause, CapragError | DatasetError | FileNotFoundError | ValueError):
+            raise cause from None
+        raise CapragError(f"cannot build {what}: {exc}") from exc
+
+
+def steps_from_config(cfg: DictConfig, repeat: int = 0) -> Steps:
+    """The configured steps: each role (expander, analyzer, ...) by its rule or by the `llm`
+    group's client; a client with a seed gets experiment.seed + repeat. An `llm._target_` (tests,
+    benchmarks) builds the whole Steps itself."""
+    if "_target_" in cfg.llm:
+        return instantiate_or_raise(cfg.llm, "the steps")
+    settings = client_config(cfg)
+    client: StructuredClient | None = None
+    rewrite_client: StructuredClient | None = None
+    if settings:
+        seeded = {"seed": int(cfg.experiment.seed) + repeat} if "seed" in settings else {}
+        client = instantiate_or_raise(settings, "the LLM client", **seeded)
+        rewrite_model = cfg.llm.get("rewrite_model")
+        if rewrite_model and rewrite_model != client.model:
+            rewrite_client = instantiate_or_raise(
+                settings, "the rewrite client", model=rewrite_model, **seeded
+            )
+    choices = {role: str(cfg.get(role) or "auto") for role in ROLES}
+    return build_steps(
+        client,
+        rewrite_client=rewrite_client,
+        price_model=str(cfg.llm.get("price_model") or "gpt-4o-mini"),
+        choices=choices,
+    )
+
+
+def build_components(cfg: DictConfig, *, llm: bool = True) -> Components:
+    """Everything the run needs, in the order that fails fastest on bad input.
+
+    `llm=False` (the dry run) builds the offline stand-in instead of the configured backend, so
+    nothing can reach a paid endpoint.
+    """
+    # 1. The questions: a broken line fails here, before any question runs.
+    dataset: Dataset = instantiate_or_raise(cfg.dataset, "the dataset")
+    # 2. The LLM and judge: a missing key fails here.
+    model = steps_from_config(cfg) if llm else rule_steps(price_model=estimate_price_model(cfg))
+    scorers: list[Scorer] = []
+    if llm and cfg.experiment.get("ragas", True):
+        from experiments.scoring.ragas_metrics import OfflineRagas
+
+        scorers.append(OfflineRagas())
+    judge = instantiate_or_raise(cfg.judge, "the judge") if llm else None
+    if judge is not None:
+        scorers.append(judge)
+    # 3. The index (ingests new or changed books; a benchmark brings its own), then the strategy.
+    index: PassageIndex = instantiate_or_raise(
+        cfg.retriever.index, "the retriever", **dataset.index_overrides(cfg.retriever.index.store)
+    )
+    # 4. Every gold passage must be one the index can return: a typo fails here, not as recall 0.
+    corpus = "the benchmark's own corpus" if dataset.books else str(cfg.retriever.index.corpus)
+    dataset.check_gold_passages(index.parents().keys(), corpus)
+    make_strategy = instantiate_or_raise(cfg.strategy, "the strategy")
+    return Components(dataset, model, scorers, index, make_strategy)
+
+
+def evaluator_for(cfg: DictConfig, parts: Components, llm: Steps) -> Evaluator:
+    """An evaluator over one LLM (one repeat); cases with a passage scope get their own pipeline."""
+    k = int(cfg.retriever.k)
+    parents = parts.index.parents()
+
+    def pipeline(strategy: RetrievalStrategy) -> Pipeline:
+        return Pipeline(
+            strategy,
+            llm,
+            rewrite_follow_ups=cfg.pipeline.rewrite,
+            history_window=cfg.pipeline.history_pairs,
+        )
+
+    return Evaluator(
+        pipeline=pipeline(parts.strategy(llm, k)),
+        k=k,
+        scorers=parts.scorers,
+        concurrency=cfg.experiment.concurrency,
+        question_timeout_s=cfg.experiment.question_timeout_s,
+        progress=cfg.experiment.progress,
+        reference_text=lambda pid: parents[pid].text if pid in parents else "",
+        section_of={pid: doc.section for pid, doc in parents.items()},
+        gold_query_types=parts.dataset.books is None,
+        scoped=lambda scope: pipeline(parts.strategy(llm, k, parts.index.restricted(scope))),
+    )
+
+
+def repeat_evaluator(cfg: DictConfig, parts: Components, repeat: int) -> Evaluator:
+    """The evaluator of one repeat: the first uses the built steps, later ones new LLM clients
+    seeded experiment.seed + repeat."""
+    llm = parts.steps if repeat == 0 else steps_from_config(cfg, repeat)
+    return evaluator_for(cfg, parts, llm)
+
+
+def row_cache(cfg: DictConfig, parts: Components, config: Mapping[str, Any]) -> RowCache | None:
+    """The cache of finished rows (experiment.cache=true, an index that reports its books), in
+    the LLM response cache's file."""
+    manifest = getattr(parts.index, "manifest", None)
+    if not cfg.experiment.cache or manifest is None:
+        return None
+    return RowCache(Path(cfg.paths.cache), run_fingerprint(config, manifest()))

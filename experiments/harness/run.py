@@ -1,0 +1,266 @@
+"""`python -m experiments.run strategy=multi-hop [...]`: one experiment (or a sweep with -m).
+
+`main` is a thin Hydra shell; `run(cfg)` does the work and is what tests call. It reads top to
+bottom: check the settings, build the components, pick the run (new or resumed), answer every
+question (journaled, traced), aggregate, log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
+
+from caprag.errors import CapragError
+from experiments.harness import cluster, workers
+from experiments.harness.build import (
+    Components,
+    build_components,
+    evaluator_for,
+    repeat_evaluator,
+    row_cache,
+)
+from experiments.harness.data import EvalCase
+from experiments.harness.dryrun import (
+    CostEstimate,
+    client_config,
+    estimate_cost,
+)
+from experiments.harness.identity import DEFAULT_RETRIEVER, RunIdentity, retriever_label, run_tags
+from experiments.harness.journal import Journal, case_key
+from experiments.harness.reuse import RowCache
+from experiments.harness.settings import check_settings
+from experiments.results import traces, tracking
+from experiments.results.aggregate import Aggregate, aggregate, failures, summary_metrics
+from experiments.results.questions import DatasetError
+from experiments.results.row import QuestionRow
+from experiments.results.tables import run_table
+
+
+@dataclass
+class RunResult:
+    """What one run produced: per-question rows and the aggregates traced back to them."""
+
+    name: str
+    strategy: str
+    dataset: str
+    rows: list[QuestionRow]
+    aggregates: dict[str, Aggregate]
+    summary: dict[str, float]
+    run_id: str | None = None
+    traces: int = 0
+    config: dict[str, Any] = field(default_factory=dict)
+    resumed: int = 0
+    """Questions taken from the journal of an earlier, interrupted process."""
+    estimate: CostEstimate | None = None
+    """The dry run's estimate (experiment.dry_run=true): then no question was asked."""
+
+    @property
+    def all_failed(self) -> bool:
+        """Every question of the run failed: it has rows but no result."""
+        return failures(self.rows).all_failed
+
+    def mean(self, metric: str) -> float | None:
+        """The aggregate mean of a metric (None when no question has it)."""
+        agg = self.aggregates.get(metric)
+        return agg.mean if agg else None
+
+
+def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
+    """Run one configuration end to end and log it to MLflow (unless tracking.enabled=false).
+
+    A run is journaled case by case: when an earlier process of the same run died, the run is
+    resumed (experiment.resume=auto or RUN_ID) and only the missing questions are asked.
+    With experiment.dry_run=true nothing is asked: the cost estimate is printed and returned.
+    """
+    check_settings(cfg)
+    dry = bool(cfg.experiment.dry_run)
+    if not dry:
+        if cfg.tracking.enabled and cfg.tracking.traces:
+            traces.shared()  # forked before anything is built: the fork copies little
+        workers.prepare(cfg)  # the workers' server imports while the components are built
+    parts = build_components(cfg, llm=not dry)
+    raw = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(raw, dict)
+    config = {str(k): v for k, v in raw.items()}
+    strategy = parts.strategy(parts.steps, int(cfg.retriever.k))
+    variant = f" power={cfg.strategy.power}" if "power" in cfg.strategy else ""
+    backend = ("llm" if client_config(cfg) else "offline") if dry else parts.steps.backend
+    name = f"{cfg.experiment.name}:{strategy.name}{variant}:{parts.dataset.name}:{backend}"
+    retriever = retriever_label(cfg)
+    if retriever != DEFAULT_RETRIEVER:
+        name += f":{retriever}"
+    repeats = max(1, int(cfg.experiment.repeats))
+    if dry:
+        pipelines = evaluator_for(cfg, parts, parts.steps)
+        estimate = estimate_cost(cfg, parts.dataset, strategy, pipelines.pipeline_for)
+        print(estimate.table())
+        return RunResult(
+            name, strategy.name, parts.dataset.name, [], {}, {}, config=config, estimate=estimate
+        )
+    questions = parts.dataset.questions * repeats
+    times = f" x {repeats} repeats" if repeats > 1 else ""
+    print(f"run {name}: {questions} questions{times}, k={cfg.retriever.k}", flush=True)
+    identity = RunIdentity.resolve(cfg, config, parts.dataset)
+    tags = run_tags(cfg, identity, strategy, parts.steps)
+    writing = bool(cfg.tracking.enabled and cfg.tracking.traces)
+    with (
+        traces.writer(writing) as trace_writer,  # forked before the journal: it must not hold it
+        workers.pool(cfg, config) as pool,  # started while the MLflow run and journal open
+        identity.open(name, sweep_id, tags) as (journal, run_id),
+    ):
+        done = journal.done()
+        resumed = sum(len(rows) for rows in done.values())
+        if resumed:
+            print(
+                f"resuming run {run_id or journal.path.stem}: {resumed} of {questions} "
+                "questions already done (experiment.resume=never starts over)",
+                flush=True,
+            )
+        if trace_writer is not None and run_id is not None:
+            _resume_traces(trace_writer, identity, run_id, done, strategy.name)
+        reuse = row_cache(cfg, parts, config)
+        try:
+            rows = asyncio.run(
+                _evaluate_repeats(cfg, parts, repeats, done, journal, trace_writer, reuse, pool)
+            )
+        finally:
+            if reuse is not None:
+                reuse.close()
+        if reuse is not None and reuse.hits:
+            print(
+                f"{reuse.hits} of {len(parts.dataset.cases) * repeats} cases reused from an "
+                "identical earlier run (experiment.cache=false asks every question again)",
+                flush=True,
+            )
+        aggregates = aggregate(rows)
+        summary = summary_metrics(rows)
+        if reuse is not None:
+            summary["reused_cases"] = float(reuse.hits)
+        result = RunResult(
+            name,
+            strategy.name,
+            parts.dataset.name,
+            rows,
+            aggregates,
+            summary,
+            config=config,
+            resumed=resumed,
+        )
+        if run_id is not None:
+            result.run_id = run_id
+            result.traces = _log(result, trace_writer, uri=identity.uri)
+    failed = failures(result.rows)
+    print(run_table(result.aggregates, result.summary, failed), flush=True)
+    if failed.all_failed:
+        print(
+            f"warning: every question failed ({failed.failed} of {failed.total}), so no metric "
+            f"has a value; most common error: {failed.most_common()}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return result
+
+
+async def _evaluate_repeats(
+    cfg: DictConfig,
+    parts: Components,
+    repeats: int,
+    done: dict[str, list[QuestionRow]],
+    journal: Journal,
+    trace_writer: traces.TraceWriter | None = None,
+    reuse: RowCache | None = None,
+    pool: workers.WorkerPool | None = None,
+) -> list[QuestionRow]:
+    """Every repeat in one event loop (HTTP clients are bound to the loop that opened them), or
+    over the pool's worker processes (experiment.workers).
+
+    Cases the journal has (a resumed run) or the row cache has (an identical earlier run) are not
+    asked again. A case that finishes is journaled, offered to the row cache and its traces
+    queued for the writer; a reused case's traces are queued too (this run has none yet)."""
+    rows: list[QuestionRow] = []
+    for repeat in range(repeats):
+
+        def record(case: EvalCase, found: list[QuestionRow], r: int = repeat) -> None:
+            journal.append(case_key(r, case.id), found)
+            if reuse is not None:
+                reuse.put(r, case, found)
+            if trace_writer is not None:
+                trace_writer.submit(found)
+
+        prefix = f"{repeat}:"
+        known = {k.removeprefix(prefix): v for k, v in done.items() if k.startswith(prefix)}
+        if reuse is not None:
+            for case in parts.dataset.cases:
+                found = None if case.id in known else reuse.get(repeat, case)
+                if found is not None:
+                    known[case.id] = found
+                    if trace_writer is not None:
+                        trace_writer.submit(found)
+        evaluate = repeat_evaluator(cfg, parts, repeat).run if pool is None else pool.run
+        rows += await evaluate(
+            parts.dataset,
+            done=known,
+            on_case=record,
+            repeat=repeat,
+        )
+    return rows
+
+
+def _resume_traces(
+    trace_writer: traces.TraceWriter,
+    identity: RunIdentity,
+    run_id: str,
+    done: dict[str, list[QuestionRow]],
+    strategy: str = "",
+) -> None:
+    """Point the writer at the run (its traces tagged with the strategy); a resumed run first
+    queues the journaled questions whose trace the killed process did not write."""
+    assert identity.uri is not None and identity.experiment_id is not None
+    target = traces.Target(identity.uri, identity.experiment_id, run_id, strategy)
+    trace_writer.bind(target)
+    if done:
+        traced = traces.traced_cases(target)
+        journaled = [row for rows in done.values() for row in rows]
+        trace_writer.submit([row for row in journaled if traces.case_of(row) not in traced])
+
+
+def _log(result: RunResult, trace_writer: traces.TraceWriter | None, uri: str | None) -> int:
+    """Results and table into the open run (while the trace writer writes its last batch), then
+    waits for the writer."""
+    if trace_writer is not None:
+        trace_writer.finish()
+    tracking.log_results(result.rows, result.aggregates, result.summary)
+    written = trace_writer.close(result.rows) if trace_writer is not None else 0
+    print(f"logged MLflow run {result.run_id} ({written} traces) to {uri}")
+    return written
+
+
+cluster.quiet_launcher_schema_warning()
+
+
+@hydra.main(version_base="1.3", config_path="../../conf", config_name="config")
+def main(cfg: DictConfig) -> float | None:
+    """Hydra entry point: resolve the config and run it. Exit 2 with a one-line error on bad
+    input (before any question is asked); exit 1 when every question of the run failed."""
+    sweep_id = None
+    if HydraConfig.get().mode == RunMode.MULTIRUN:
+        sweep_id = str(HydraConfig.get().sweep.dir)
+    try:
+        result = run(cfg, sweep_id=sweep_id)
+    except MissingMandatoryValue as exc:
+        print(f"error: {exc.full_key} must be set ({exc.full_key}=...)", file=sys.stderr)
+        sys.exit(2)
+    except (CapragError, DatasetError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    if result.all_failed and sweep_id is None:
+        sys.exit(1)  # in a sweep the warning is printed and the other jobs still run
+    return result.mean("recall_at_k")

@@ -1,0 +1,344 @@
+"""A local OpenAI-protocol chat-completions server that answers every request without a script.
+
+`python -m experiments.openai_stub --port 0 --latency 0.2` prints its base URL and serves until
+killed (GET <base>/stats counts its requests); `with StubServer(latency_s=0.2) as stub:` runs it
+in a thread. A request with `tools` gets a tool call whose arguments fill the requested
+function's JSON schema, a `json_object` request gets an object filling the schema written after
+"JSON Schema:" in the prompt (RAGAS), anything else gets plain text. Replies are deterministic:
+strings come from the last user message. Each request sleeps `latency_s` in its own thread, so
+concurrent requests overlap like a real server's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import threading
+import time
+from collections.abc import Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+REPLY_WORDS = 12
+REPLY_CHARS = 200
+"""Words (and at most characters) of the last user message a generated string keeps."""
+
+_QUESTION = re.compile(r"question:\s*(.+)", re.IGNORECASE)
+
+
+def fill(node: Mapping[str, Any], text: str, defs: Mapping[str, Any] | None = None) -> Any:
+    """A value fitting the JSON schema `node`: strings are `text`, booleans True, arrays one item.
+
+    Follows `$ref` into `defs` (the root's `$defs`), takes the first non-null `anyOf`/`oneOf`
+    branch, the first `enum` value or the `const`, clamps numbers to minimum/maximum and honours
+    minItems/maxItems and minLength/maxLength.
+    """
+    defs = defs if defs is not None else node.get("$defs", node.get("definitions", {}))
+    if "$ref" in node:
+        return fill(defs[str(node["$ref"]).split("/")[-1]], text, defs)
+    if "const" in node:
+        return node["const"]
+    if node.get("enum"):
+        return node["enum"][0]
+    for key in ("anyOf", "oneOf"):
+        if key in node:
+            options = [o for o in node[key] if o.get("type") != "null"] or node[key]
+            return fill(options[0], text, defs)
+    if "allOf" in node:
+        merged: dict[str, Any] = {}
+        for part in node["allOf"]:
+            part = defs[str(part["$ref"]).split("/")[-1]] if "$ref" in part else part
+            merged = {**merged, **part}
+        return fill(merged, text, defs)
+    kind = node.get("type", "object" if "properties" in node else "string")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "object":
+        return {key: fill(sub, text, defs) for key, sub in node.get("properties", {}).items()}
+    if kind == "array":
+        count = max(1, int(node.get("minItems", 1)))
+        count = min(count, int(node.get("maxItems", count)))
+        items = node.get("items", {"type": "string"})
+        values = [fill(items, text, defs) for _ in range(count)]
+        if count > 1 and all(isinstance(v, str) for v in values):
+            values = [f"{v} {n}" if n else v for n, v in enumerate(values)]
+        return values
+    if kind in ("integer", "number"):
+        return _clamp(node, 1 if kind == "integer" else 1.0)
+    if kind == "boolean":
+        return True
+    if kind == "null":
+        return None
+    value = text[: int(node["maxLength"])] if "maxLength" in node else text
+    return value.ljust(int(node.get("minLength", 0)), ".")
+
+
+def _clamp(node: Mapping[str, Any], value: float) -> float:
+    """`value` if it fits the node's (exclusive) minimum/maximum, else a value that does."""
+    low, high = node.get("minimum"), node.get("maximum")
+    low_ex, high_ex = node.get("exclusiveMinimum"), node.get("exclusiveMaximum")
+    if isinstance(value, int):
+        low = low if low is not None else None if low_ex is None else math.floor(low_ex) + 1
+        high = high if high is not None else None if high_ex is None else math.ceil(high_ex) - 1
+        value = value if low is None else max(value, low)
+        return value if high is None else min(value, high)
+    fits = (
+        (low is None or value >= low)
+        and (high is None or value <= high)
+        and (low_ex is None or value > low_ex)
+        and (high_ex is None or value < high_ex)
+    )
+    if fits:
+        return value
+    lower = low if low is not None else low_ex
+    upper = high if high is not None else high_ex
+    if lower is not None and upper is not None:
+        return float((lower + upper) / 2)
+    if lower is not None:
+        return float(lower if low is not None else lower + 1)
+    if upper is not None:
+        return float(upper if high is not None else upper - 1)
+    return value
+
+
+def fill_schema(prompt: str, text: str) -> Any:
+    """An object that fits the JSON schema RAGAS writes into its prompt after 'JSON Schema:'."""
+    marker = prompt.find("JSON Schema:")
+    if marker < 0:
+        return {}
+    start = prompt.index("{", marker)
+    schema, _ = json.JSONDecoder().raw_decode(prompt[start:])
+    return fill(schema, text)
+
+
+def reply_text(messages: list[dict[str, Any]]) -> str:
+    """The first words of the last user message, after its 'Question:' label when it has one."""
+    users = [m for m in messages if m.get("role") == "user"] or messages
+    content = _content(users[-1]) if users else ""
+    asked = _QUESTION.findall(content)
+    words = (asked[-1] if asked else content).split()
+    return " ".join(words[:REPLY_WORDS])[:REPLY_CHARS] or "stub reply"
+
+
+def _content(message: Mapping[str, Any]) -> str:
+    content = message.get("content") or ""
+    if isinstance(content, list):  # content parts: keep the text ones
+        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return str(content)
+
+
+def answer(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The chat.completion object the stub returns for a request body."""
+    messages = list(body.get("messages", []))
+    text = reply_text(messages)
+    message: dict[str, Any] = {"role": "assistant", "content": None}
+    tools = [t for t in body.get("tools", []) if t.get("type", "function") == "function"]
+    response_format = body.get("response_format") or {}
+    if tools and body.get("tool_choice") != "none":
+        forced = body.get("tool_choice")
+        name = forced.get("function", {}).get("name") if isinstance(forced, dict) else None
+        tool = next((t for t in tools if t["function"]["name"] == name), tools[0])["function"]
+        schema = tool.get("parameters") or {"type": "object", "properties": {}}
+        completion = json.dumps(fill(schema, text))
+        message["tool_calls"] = [
+            {
+                "id": "call_stub",
+                "type": "function",
+                "function": {"name": tool["name"], "arguments": completion},
+            }
+        ]
+        finish = "tool_calls"
+    elif response_format.get("type") == "json_object":
+        prompt = "\n".join(_content(m) for m in messages)
+        completion = json.dumps(fill_schema(prompt, text))
+        message["content"] = completion
+        finish = "stop"
+    elif response_format.get("type") == "json_schema":
+        schema = response_format.get("json_schema", {}).get("schema", {})
+        completion = json.dumps(fill(schema, text))
+        message["content"] = completion
+        finish = "stop"
+    else:
+        completion = text
+        message["content"] = completion
+        finish = "stop"
+    prompt_tokens = sum(len(_content(m).split()) for m in messages)
+    completion_tokens = max(1, len(completion.split()))
+    return {
+        "id": "chatcmpl-stub",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": body.get("model", "stub"),
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
+
+
+class StubServer:
+    """The stub on 127.0.0.1 in a background thread; counts requests and keeps their bodies."""
+
+    def __init__(
+        self, latency_s: float = 0.0, port: int = 0, *, hold_until: int = 0, hold_s: float = 60.0
+    ) -> None:
+        self.latency_s = latency_s
+        """Seconds each request sleeps before it is answered (in its own thread)."""
+        self.hold_until = hold_until
+        """Hold every request until this many are in flight at once (0: do not hold): shows
+        that a client overlaps its requests without measuring time."""
+        self.hold_s = hold_s
+        """The longest a request is held; after one hold runs out no other is held (a deadline
+        that only catches a client that never overlaps)."""
+        self.in_flight = 0
+        self.max_in_flight = 0
+        """The most chat completions being answered at one moment."""
+        self._held_out = False
+        self.requests = 0
+        """Chat completions answered since start or the last reset()."""
+        self.bodies: list[dict[str, Any]] = []
+        """Their request bodies, in arrival order."""
+        self._lock = threading.Condition()
+        self.server = ThreadingHTTPServer(
+            ("127.0.0.1", port), _handler(self), bind_and_activate=False
+        )
+        self.server.daemon_threads = True
+        self.server.request_queue_size = 128  # the default backlog of 5 refuses bursts
+        self.server.server_bind()
+        self.server.server_activate()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        """The /v1 URL to give an OpenAI client (OPENAI_BASE_URL)."""
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def reset(self) -> None:
+        """Forget the requests counted so far."""
+        with self._lock:
+            self.requests = 0
+            self.bodies = []
+
+    def record(self, body: dict[str, Any]) -> None:
+        """Count one chat completion (thread-safe)."""
+        with self._lock:
+            self.requests += 1
+            self.bodies.append(body)
+
+    def enter(self) -> None:
+        """One more request in flight; with `hold_until`, wait for the others to arrive."""
+        with self._lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            self._lock.notify_all()
+            if self.hold_until and not self._held_out:
+                arrived = self._lock.wait_for(
+                    lambda: self.max_in_flight >= self.hold_until, timeout=self.hold_s
+                )
+                self._held_out = self._held_out or not arrived
+
+    def leave(self) -> None:
+        """One request answered."""
+        with self._lock:
+            self.in_flight -= 1
+
+    def start(self) -> StubServer:
+        """Serve in a daemon thread."""
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the socket."""
+        if self._thread is not None:
+            self.server.shutdown()
+            self._thread.join(timeout=10)
+            self._thread = None
+        self.server.server_close()
+
+    def __enter__(self) -> StubServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def send_json(handler: BaseHTTPRequestHandler, status: int, payload: Any) -> None:
+    """Answer a request with a JSON body."""
+    data = json.dumps(payload).encode()
+    handler.send_response(status)
+    handler.send_header("content-type", "application/json")
+    handler.send_header("content-length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
+def _handler(stub: StubServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as the openai client expects
+        disable_nagle_algorithm = True  # headers and body go out at once (no 40 ms ACK wait)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _send(self, status: int, payload: Any) -> None:
+            send_json(self, status, payload)
+
+        def do_GET(self) -> None:
+            if self.path.rstrip("/").endswith("/models"):
+                self._send(200, {"object": "list", "data": [{"id": "stub", "object": "model"}]})
+            elif self.path.rstrip("/") in ("/health", "/v1/health"):
+                self._send(200, {"status": "ok"})
+            elif self.path.rstrip("/").endswith("/stats"):  # for a stub in another process
+                self._send(200, {"requests": stub.requests, "latency_s": stub.latency_s})
+            else:
+                self._send(404, {"error": {"message": f"no route {self.path}"}})
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("content-length", 0))
+            try:
+                body = json.loads(self.rfile.read(length) or b"{}")
+            except json.JSONDecodeError as exc:
+                self._send(400, {"error": {"message": f"body is not JSON: {exc}"}})
+                return
+            if not self.path.rstrip("/").endswith("/chat/completions"):
+                self._send(404, {"error": {"message": f"no route {self.path}"}})
+                return
+            if body.get("stream"):
+                self._send(400, {"error": {"message": "the stub does not stream"}})
+                return
+            stub.record(body)
+            stub.enter()
+            try:
+                if stub.latency_s > 0:
+                    time.sleep(stub.latency_s)
+                self._send(200, answer(body))
+            finally:
+                stub.leave()
+
+    return Handler
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the base URL, then serve until killed."""
+    parser = argparse.ArgumentParser(prog="python -m experiments.openai_stub", description=__doc__)
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds per request")
+    args = parser.parse_args(argv)
+    stub = StubServer(latency_s=args.latency, port=args.port)
+    print(stub.base_url, flush=True)
+    try:
+        stub.server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stub.server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
