@@ -379,7 +379,7 @@ class Pipeline:
         usage = [u for u in (state.rewrite_usage,) if u]
         usage += [u for hop in state.hops for u in hop.usage]
         usage += [u for u in (state.generate_usage,) if u]
-        record.rounds = [round_of(hop) for hop in state.hops]
+        record.rounds = [Round.model_validate(hop, from_attributes=True) for hop in state.hops]
         record.stop_reason = stop_reason(state.hops)
         answer, sources = "", state.answer.sources if state.answer else []
         status: Status = "answered"
@@ -472,36 +472,12 @@ class Pipeline:
         return await asyncio.to_thread(self.decision_log.add_feedback, request_id, enough, comment)
 
 
-def round_of(hop: HopTrace) -> Round:
-    """A hop as the decision log keeps it."""
-    if hop.adaptive_decision is not None:
-        decision = hop.adaptive_decision
-    elif hop.decision is not None:
-        decision = "sufficient" if hop.decision.sufficient else "next"
-    else:
-        decision = "done"
-    return Round(
-        round=hop.hop,
-        depth=hop.depth,
-        chunks=hop.chunks,
-        confidence=hop.confidence,
-        threshold=hop.threshold,
-        decision=decision,
-        queries=len(hop.queries),
-        new_documents=hop.new_documents,
-        latency_s=hop.latency_s,
-        prompt_tokens=hop.prompt_tokens,
-        completion_tokens=hop.completion_tokens,
-        cost_usd=hop.cost_usd,
-    )
-
-
 def stop_reason(hops: list[HopTrace]) -> str | None:
     """How retrieval ended: the last round's decision (a multi-hop turn that still wanted
     another hop ran out of hops)."""
     if not hops:
         return None
-    last = round_of(hops[-1]).decision
+    last = hops[-1].outcome
     return "budget_exhausted:hops" if last == "next" else last
 
 
