@@ -20,7 +20,7 @@ from caprag.strategies import RetrievalStrategy
 from experiments.harness import cluster
 from experiments.harness.data import Dataset
 from experiments.harness.journal import Journal, config_hash
-from experiments.results import tracking
+from experiments.results import row, tracking
 
 
 @dataclass
@@ -214,7 +214,7 @@ def run_tags(
         "caprag.experiment": str(cfg.experiment.name),
         "caprag.git_commit": tracking.git_commit(),
         "caprag.price_table": PRICE_TABLE_VERSION,
-        "caprag.schema": "1",
+        "caprag.schema": row.SCHEMA,
         "caprag.repeats": str(max(1, int(cfg.experiment.repeats))),
         **{f"caprag.prompt.{k}": v for k, v in prompt_versions().items()},
         **{str(k): str(v) for k, v in (cfg.experiment.tags or {}).items()},

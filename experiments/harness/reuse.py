@@ -19,7 +19,6 @@ needs) and is marked as answered from the cache: `llm_calls_cached` = `llm_calls
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import sqlite3
@@ -35,9 +34,9 @@ from caprag.errors import CapragError
 from caprag.llm.cache import open_table
 from experiments.harness.data import EvalCase
 from experiments.harness.journal import VOLATILE, _without
-from experiments.results.row import QuestionRow
+from experiments.results.row import ROWS, QuestionRow
 
-SCHEMA = "rows-v1"
+SCHEMA = "rows-v2"
 
 NOT_IN_KEY = (
     *VOLATILE,
@@ -129,12 +128,12 @@ def case_fingerprint(case: EvalCase) -> str:
 
 def mark_reused(row: QuestionRow) -> QuestionRow:
     """The row as a rerun that asked no model reports it: every call answered from the cache."""
-    reused = dataclasses.replace(row, values=dict(row.values))
-    if "llm_calls" in reused.values:
-        reused.values["llm_calls_cached"] = reused.values["llm_calls"]
-        reused.values["cost_usd_spent"] = 0.0
-    reused.calls = [{**call, "cached": True} for call in row.calls]
-    return reused
+    values = dict(row.values)
+    if "llm_calls" in values:
+        values["llm_calls_cached"] = values["llm_calls"]
+        values["cost_usd_spent"] = 0.0
+    calls = [call.model_copy(update={"cached": True}) for call in row.calls or []]
+    return row.model_copy(update={"values": values, "calls": calls})
 
 
 class RowCacheError(CapragError):
@@ -174,15 +173,15 @@ class RowCache:
             ).fetchone()
         if found is None:
             return None
-        data = json.loads(zlib.decompress(found[0]))
+        rows = ROWS.validate_json(zlib.decompress(found[0]))
         self.hits += 1
-        return [mark_reused(QuestionRow.from_json({**row, "repeat": repeat})) for row in data]
+        return [mark_reused(row.model_copy(update={"repeat": repeat})) for row in rows]
 
     def put(self, repeat: int, case: EvalCase, rows: Sequence[QuestionRow]) -> bool:
         """Store the case's rows when every turn succeeded; True if stored."""
         if not rows or any(row.status != "ok" for row in rows):
             return False
-        blob = zlib.compress(json.dumps([row.to_json() for row in rows]).encode("utf-8"))
+        blob = zlib.compress(ROWS.dump_json(list(rows)))
         with self._lock:
             try:
                 self._db.execute(

@@ -19,12 +19,13 @@ the set `hotpotqa:bridge` logs as `recall_at_k/hotpotqa_bridge`.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import pandas as pd
+
+from experiments.results.row import GOLD_HOPS
 
 Dimension = Literal["set", "type", "gold_hops"]
 DIMENSIONS: tuple[Dimension, ...] = ("set", "type", "gold_hops")
@@ -63,10 +64,11 @@ def question_type(frame: pd.DataFrame) -> pd.Series:
 
 def gold_hops(frame: pd.DataFrame) -> pd.Series:
     """The number of gold passages of each question (its hops; 0 for unanswerable ones), as
-    text; empty where the table has no `gold_ids` column."""
-    if "gold_ids" not in frame.columns:
+    text; empty where the table has no `gold_hops` column (a table that never knew its gold)."""
+    if GOLD_HOPS not in frame.columns:
         return pd.Series("", index=frame.index, dtype=object)
-    return frame["gold_ids"].map(_count)
+    counts = pd.to_numeric(frame[GOLD_HOPS], errors="coerce")
+    return counts.map(lambda n: "" if pd.isna(n) else str(int(n))).astype(object)
 
 
 def slice_keys(frame: pd.DataFrame, by: Dimension) -> pd.Series:
@@ -135,15 +137,6 @@ def _text(frame: pd.DataFrame, column: str) -> pd.Series:
     if column not in frame.columns:
         return pd.Series("", index=frame.index, dtype=object)
     return frame[column].fillna("").astype(str)
-
-
-def _count(value: Any) -> str:
-    if isinstance(value, str):
-        try:
-            value = json.loads(value) if value else []
-        except json.JSONDecodeError:
-            return ""
-    return str(len(value)) if isinstance(value, list) else ""
 
 
 def keys_of(tables: Mapping[str, pd.DataFrame], by: Dimension) -> list[str]:

@@ -11,7 +11,8 @@ from typing import Any
 import pandas as pd
 
 from experiments.results import slices
-from experiments.scoring.failures import failure_tags, logged_list
+from experiments.results.row import rows_of
+from experiments.scoring.failures import failure_tags
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,8 @@ BETTER, WORSE, SAME, NOT_SCORED = "better", "worse", "same", "not scored"
 CHANGES = (WORSE, BETTER, SAME, NOT_SCORED)
 """In the order rows are listed: regressions first."""
 KEYS = ("case_id", "question_id", "turn", "repeat")
-INFO = ("set", "query_type", "question", "gold_answer", "gold_ids")
+INFO = ("set", "query_type", "question", "gold_answer")
+"""Columns of run A's table each compared row carries (and `gold_ids`, from A's rows)."""
 TOLERANCE = 1e-9
 
 
@@ -64,13 +66,14 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, metric: str) -> pd.DataFrame:
     base = a[keys].copy()
     for column in INFO:
         base[column] = a[column] if column in a.columns else ""
+    base["gold_ids"] = [row.gold_ids for row in rows_of(a)]
     sides = []
     for frame, tag in ((a, "a"), (b, "b")):
         side = frame[keys].copy()
         values = _values(frame, metric)
         side[f"value_{tag}"] = values if values is not None else float("nan")
         side[f"status_{tag}"] = frame["status"] if "status" in frame.columns else "ok"
-        side[f"tags_{tag}"] = [failure_tags(row) for row in frame.to_dict("records")]
+        side[f"tags_{tag}"] = [failure_tags(row) for row in rows_of(frame)]
         sides.append(side)
     merged = base.merge(sides[0], on=keys).merge(sides[1], on=keys)
     for tag, other in (("a", "b"), ("b", "a")):
@@ -160,7 +163,7 @@ def as_dataset(frame: pd.DataFrame) -> list[dict[str, Any]]:
     repeats is written once."""
     items: dict[str, dict[str, Any]] = {}
     for row in single_questions(frame).to_dict("records"):
-        gold = [str(p) for p in logged_list(row.get("gold_ids"))]
+        gold = [str(p) for p in row.get("gold_ids") or []]
         items.setdefault(
             str(row["question_id"]),
             {

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from caprag.strategies import RetrievalStrategy
 from experiments.harness.build import steps_from_config
 from experiments.harness.data import Dataset
 from experiments.harness.run import run
+from experiments.results.row import rows_of
 from tests.conftest import FIXTURE_BOOKS
 
 CONF = PROJECT_ROOT / "conf"
@@ -131,8 +131,11 @@ def test_run_end_to_end_is_logged_and_read_back(tmp_path: Path) -> None:
     assert logged.data.metrics["correct_refusal.coverage"] == pytest.approx(1 / 9)
     table = mlflow.load_table("questions.json", run_ids=[result.run_id])
     assert sorted(table["question_id"]) == sorted(r.question_id for r in result.rows)
-    trace_rows = json.loads(table.set_index("question_id").loc["t-cb-1", "trace"])
-    assert trace_rows[0]["documents"][0]["passage_id"]
+    # Each question's row is in the table whole, beside its scalars: it reads back as it was.
+    assert rows_of(table) == result.rows
+    assert table.set_index("question_id").loc["t-cb-1", "recall_at_k"] == next(
+        r.values["recall_at_k"] for r in result.rows if r.question_id == "t-cb-1"
+    )
     traces = mlflow.search_traces(run_id=result.run_id, return_type="list")
     assert len(traces) == 9
     spans = {s.name for t in traces for s in t.data.spans}

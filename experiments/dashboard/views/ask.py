@@ -24,8 +24,10 @@ from caprag.schemas import Document
 from caprag.services import AskResult, Pipeline, build_pipeline, retention_from_settings
 from caprag.steps import CHOICES, ROLES
 from caprag.strategies import STRATEGIES
-from experiments.dashboard.data import TraceView, decision_log, decision_table
-from experiments.dashboard.trace_view import render_trace, trace_from_result
+from caprag.trace import HopTrace
+from experiments.dashboard.data import decision_log, decision_table
+from experiments.dashboard.trace_view import render_trace, row_of_answer
+from experiments.results.row import QuestionRow
 
 DEFAULT_STRATEGY = "multi-hop"
 ADAPTIVE = "adaptive"
@@ -77,7 +79,7 @@ def power_label(strategy: str, forced: int | None) -> str:
     return f" (power {forced}: forced depth)" if forced else " (power auto)"
 
 
-def render_decision_log(hops: list[dict[str, Any]], max_depth: int | None) -> None:
+def render_decision_log(hops: list[HopTrace], max_depth: int | None) -> None:
     """Adaptive answers: each round's depth, chunks, confidence, threshold and decision."""
     log = decision_log(hops)
     if log.empty:
@@ -184,7 +186,7 @@ if go.button("Ask", type="primary", key="ask_go", disabled=settings is None):
         with st.spinner("Answering…"):
             forced = forced_power(strategy, power_choice)
             result = ask(built, question, thread, forced)
-        view = trace_from_result(result, sections)
+        view = row_of_answer(result, sections)
         st.session_state["ask_result"] = (view, result)
         st.session_state["ask_used_power"] = power_label(strategy, forced)
         budget = getattr(built.strategy, "budget", None)  # the adaptive strategy's budgets
@@ -202,7 +204,7 @@ if go.button("Ask", type="primary", key="ask_go", disabled=settings is None):
         st.error(f"{type(exc).__name__}: {exc}")
     except TimeoutError:
         st.error(f"No answer within {TIMEOUT_S} s.")
-stored: tuple[TraceView, AskResult] | None = st.session_state.get("ask_result")
+stored: tuple[QuestionRow, AskResult] | None = st.session_state.get("ask_result")
 turns: list[tuple[AskResult, str]] = st.session_state.get("ask_turns", [])
 if stored is None or not turns:
     st.info("Type a question and press Ask. The offline backend needs no key.")

@@ -24,9 +24,9 @@ from experiments.dashboard.data import (
     saving_text,
     savings_vs_deep,
     schema_warning,
-    trace_from_row,
 )
 from experiments.dashboard.trace_view import render_trace
+from experiments.results.row import rows_of
 from experiments.results.slices import (
     DIMENSION_LABELS,
     SLICE_METRICS,
@@ -127,17 +127,17 @@ def render_deeper(run: pd.Series, table: pd.DataFrame, chosen: list[str]) -> Non
     )
     if index is None:
         return
-    row = table.loc[index]
+    row = rows_of(table.loc[[index]])[0]
     if st.button("Open in the Trace viewer", key="deeper_open"):
         run_id = str(run["run_id"])  # first: the Trace viewer opens the first selected run
         selection.remember([run_id, *(r for r in chosen if r != run_id)])
         st.session_state["trace_question"] = index
         st.switch_page("views/trace.py")
     with st.container(border=True):
-        log = decision_log(trace_from_row(row).hops)
+        log = decision_log(row.hops)
         st.markdown(f"**Rounds of {deeper.at[index, 'question_id']!s}**")
         st.table(decision_table(log), hide_index=True)
-        render_trace(trace_from_row(row))
+        render_trace(row)
 
 
 COST_SAVED = {"tokens": "tokens", "cost_usd": "cost"}
