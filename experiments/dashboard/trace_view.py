@@ -12,10 +12,9 @@ import streamlit as st
 from caprag.services import AskResult
 from experiments.dashboard.data import TraceView, call_line, hop_documents, is_rule, steps_ran
 from experiments.harness.evaluate import trace_of
-from experiments.results.tables import fmt
+from experiments.results import metrics as registry
 from experiments.results.traces import case_key, passage_texts, trace_id_of
 from experiments.scoring.failures import failure_tags
-from experiments.scoring.regressions import METRICS
 
 
 def trace_id(run_id: str, row: Mapping[str, Any]) -> str:
@@ -29,11 +28,13 @@ def render_scores(row: Mapping[str, Any]) -> None:
     """A logged question's scores and failure tags, above its trace: how it did, and what the
     trace says went wrong (`experiments.scoring.failures`)."""
     scores = []
-    for name, metric in METRICS.items():
-        value = row.get(name)
+    for metric in registry.per_question():
+        if not (metric.headline or metric.group == "answer"):
+            continue  # the main metrics, and the answer's (refusals: an unanswerable's score)
+        value = row.get(metric.name)
         if value is None or isinstance(value, str) or pd.isna(value):
             continue
-        scores.append(f"{metric.label} **{fmt(float(value), name)}**")
+        scores.append(f"{metric.heading} **{metric.display(float(value))}**")
     st.markdown("**Scores:** " + (" · ".join(scores) or "none recorded"))
     tags = failure_tags(row)
     if tags:
