@@ -204,7 +204,7 @@ def render_oracle(
                 format="localized" if total_format.grouping else total_format.printf,
             ),
             "per_question": st.column_config.NumberColumn(
-                counted.heading, format=counted.format.printf
+                f"mean {counted.heading}", format=counted.format.printf
             ),
             "recall": st.column_config.NumberColumn(RECALL.heading, format=RECALL.format.printf),
             "routed": st.column_config.NumberColumn("routed to it"),
