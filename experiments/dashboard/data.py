@@ -12,8 +12,8 @@ import pandas as pd
 from caprag.decision_log import Round
 from caprag.schemas import CallUsage
 from caprag.trace import HopTrace
+from experiments.results import metrics as registry
 from experiments.results.row import SCHEMA, QuestionRow, rows_of
-from experiments.results.tables import SHOWN, fmt
 from experiments.scoring.oracle import ORACLE, OracleResult
 from experiments.scoring.significance import question_means
 
@@ -32,13 +32,10 @@ UNKNOWN = "?"
 CURRENT_SCHEMA = SCHEMA
 READABLE_SCHEMAS = ("1", SCHEMA)
 """Schemas whose tables this dashboard reads (1 through the legacy adapter: `row.normalised`)."""
-QUALITY = {
-    "recall_at_k": "gold-passage recall@k",
-    "f1": "token F1",
-    "all_gold_at_k": "all gold in k",
-}
-COST = {"tokens": "tokens / question", "cost_usd": "USD / question"}
-COST_TOTAL = {"tokens": "tokens", "cost_usd": "USD"}
+QUALITY = ("recall_at_k", "f1", "all_gold_at_k")
+"""The quality axes the Compare page offers (labels and units: experiments.results.metrics)."""
+COST = ("tokens", "cost_usd")
+"""The cost axes (and what the oracle counts) the Compare page offers."""
 POWER_PARAM = "params.strategy.power"
 """The adaptive strategy's power (auto, 1, 2, 3) as the harness logs it."""
 AUTO = "auto"
@@ -130,30 +127,50 @@ def schema_warning(run: pd.Series) -> str | None:
     return None
 
 
-COST_PER_1K = "cost $ / 1,000 questions"
-"""How the dashboard's tables show `cost_usd` (dollars per question are too small to read)."""
+def table_metrics() -> list[registry.Metric]:
+    """The per-question metrics the Compare page's tables show (and recomputes on a slice)."""
+    return [m for m in registry.listed() if m.per_question]
 
 
-def metric_table(runs: pd.DataFrame, metrics: Sequence[tuple[str, str]] = SHOWN) -> pd.DataFrame:
-    """Metrics side by side, one column per run: 'value (n/total)' where coverage is partial."""
+def metric_table(runs: pd.DataFrame, metrics: Sequence[str] | None = None) -> pd.DataFrame:
+    """Metrics side by side (default: every listed per-question one, experiments.results.metrics),
+    one column per run, one row per metric any run has, titled by its heading: 'value (n/total)'
+    where coverage is partial."""
+    names = registry.names(table_metrics()) if metrics is None else metrics
+    shown = [registry.get(n) for n in names if n in runs.columns and runs[n].notna().any()]
     table: dict[str, list[str]] = {}
-    shown = [(n, label) for n, label in metrics if n in runs.columns and runs[n].notna().any()]
     for _, run in runs.iterrows():
         total = run.get("questions")
         cells = []
-        for name, _label in shown:
-            value = run.get(name)
-            if name == "cost_usd" and pd.notna(value):  # as on the Runs page
-                cell = f"${float(value) * 1000:.3f}"
-            else:
-                cell = fmt(None if pd.isna(value) else float(value), name)
-            share = run.get(f"{name}.coverage")
+        for metric in shown:
+            value = run.get(metric.name)
+            cell = metric.display(None if pd.isna(value) else float(value))
+            share = run.get(f"{metric.name}.coverage")
             if pd.notna(share) and pd.notna(total) and float(share) < 1.0:
                 cell += f" ({round(float(share) * float(total))}/{int(total)})"
             cells.append(cell)
         table[str(run["label"])] = cells
-    labels = [COST_PER_1K if name == "cost_usd" else label for name, label in shown]
-    return pd.DataFrame(table, index=labels)
+    return pd.DataFrame(table, index=[metric.heading for metric in shown])
+
+
+NOT_METRICS = {"questions", "failed"}
+"""Run-level counts the metric pickers leave out (the Runs page shows questions as a detail)."""
+
+
+def metric_choices(runs: pd.DataFrame) -> list[str]:
+    """The metrics a user can pick among the runs' columns: the registered ones in display
+    order, then the rest (per-slice metrics such as recall_at_k/cross_book, metrics nobody
+    registered) by name; coverage shares and run-level counts left out."""
+    usual = registry.names(registry.all())
+    numeric = [
+        c
+        for c in runs.columns
+        if pd.api.types.is_numeric_dtype(runs[c])
+        and not c.endswith(".coverage")
+        and c not in NOT_METRICS
+        and runs[c].notna().any()
+    ]
+    return [m for m in usual if m in numeric] + sorted(c for c in numeric if c not in usual)
 
 
 def pareto_front(frame: pd.DataFrame, cost: str, quality: str) -> pd.Series:
@@ -444,12 +461,12 @@ def oracle_display(summary: pd.DataFrame, what: str) -> pd.DataFrame:
     return summary.assign(saves=saves)
 
 
-def oracle_cell(value: Any, kind: str) -> str:
-    """A total as the page writes it: tokens whole, USD to 6 places, recall to 3."""
-    if value is None or pd.isna(value):
-        return "—"
-    if kind == "tokens":
-        return f"{float(value):,.0f} tokens"
-    if kind == "cost_usd":
-        return f"{float(value):.6f} USD"
-    return f"{float(value):.3f}"
+def oracle_cell(value: Any, name: str, total: bool = False) -> str:
+    """A value of the metric `name` as the page writes it (`total`: a sum over questions, with
+    its unit: '12,345 tokens', '0.004321 USD')."""
+    metric = registry.get(name)
+    number = None if value is None or pd.isna(value) else float(value)
+    if not total:
+        return metric.display(number)
+    unit = metric.total_unit or metric.unit
+    return metric.display_total(number) + (f" {unit}" if unit and number is not None else "")

@@ -13,11 +13,10 @@ from caprag.schemas import CallUsage
 from caprag.services import AskResult
 from caprag.trace import HopTrace
 from experiments.dashboard.data import call_line, hop_documents, is_rule, steps_ran
+from experiments.results import metrics as registry
 from experiments.results.row import QuestionRow
-from experiments.results.tables import fmt
 from experiments.results.traces import case_key, trace_id_of
 from experiments.scoring.failures import failure_tags
-from experiments.scoring.regressions import METRICS
 
 
 def trace_id(run_id: str, row: QuestionRow) -> str:
@@ -29,11 +28,13 @@ def render_scores(row: QuestionRow) -> None:
     """A logged question's scores and failure tags, above its trace: how it did, and what the
     trace says went wrong (`experiments.scoring.failures`)."""
     scores = []
-    for name, metric in METRICS.items():
-        value = row.values.get(name)
+    for metric in registry.per_question():
+        if not (metric.headline or metric.group == "answer"):
+            continue  # the main metrics, and the answer's (refusals: an unanswerable's score)
+        value = row.values.get(metric.name)
         if value is None or math.isnan(value):
             continue
-        scores.append(f"{metric.label} **{fmt(value, name)}**")
+        scores.append(f"{metric.heading} **{metric.display(float(value))}**")
     st.markdown("**Scores:** " + (" · ".join(scores) or "none recorded"))
     tags = failure_tags(row)
     if tags:

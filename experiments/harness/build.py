@@ -3,6 +3,7 @@ passed in. Nothing here runs a question."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Any
 
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from caprag.books import Book, load_books
 from caprag.errors import CapragError, ConfigError
@@ -124,12 +125,24 @@ def steps_from_config(cfg: DictConfig, repeat: int = 0) -> Steps:
     )
 
 
+def import_metric_modules(cfg: DictConfig) -> None:
+    """Import the modules named in `experiment.metric_modules`: each registers its metrics
+    (experiments.results.metrics.register), so this process computes and shows them."""
+    for name in OmegaConf.select(cfg, "experiment.metric_modules", default=None) or ():
+        try:
+            importlib.import_module(str(name))
+        except ImportError as exc:
+            raise ConfigError(f"experiment.metric_modules: cannot import {name!r} ({exc})") from exc
+
+
 def build_components(cfg: DictConfig, *, llm: bool = True) -> Components:
     """Everything the run needs, in the order that fails fastest on bad input.
 
     `llm=False` (the dry run) builds the offline stand-in instead of the configured backend, so
     nothing can reach a paid endpoint.
     """
+    # 0. Metrics of other modules (+experiment.metric_modules=[...]) register themselves.
+    import_metric_modules(cfg)
     # 1. The questions: a broken line fails here, before any question runs.
     dataset: Dataset = instantiate_or_raise(cfg.dataset, "the dataset")
     # 2. The LLM and judge: a missing key fails here.

@@ -15,6 +15,8 @@ from tqdm import tqdm
 from caprag.llm import StepFailedError
 from caprag.services import AskResult, Pipeline
 from experiments.harness.data import Dataset, EvalCase
+from experiments.results import metrics as registry
+from experiments.results.metrics import Metric, NotScored
 from experiments.results.questions import GoldQuestion
 from experiments.results.row import QuestionRow
 from experiments.scoring.question import (
@@ -43,6 +45,9 @@ class Evaluator:
     scoped: Callable[[tuple[str, ...]], Pipeline] | None = None
     """A pipeline that searches only the given passages (a case with a `scope`: the benchmark
     distractor setting)."""
+    metrics: Sequence[Metric] = field(default_factory=registry.scored)
+    """The registered metrics with their own per-question scorer (experiments.results.metrics),
+    as registered when the evaluator is made."""
 
     def pipeline_for(self, case: EvalCase) -> Pipeline:
         """The shared pipeline, or one confined to the case's own passages."""
@@ -147,6 +152,8 @@ class Evaluator:
         first = result.hops[0] if result.hops else None
         if self.gold_query_types and first is not None and first.query_type:
             row.values["classified_as_gold_type"] = float(first.query_type == turn.query_type)
+        for metric in self.metrics:
+            score_with(metric, turn, result, self.k, row)
         gold_texts = [self.reference_text(pid) for pid in turn.gold_passages]
         for scorer in self.scorers:
             values, missing = await scorer.score(
@@ -158,3 +165,20 @@ class Evaluator:
             )
             row.values.update(values)
             row.missing.update(missing)
+
+
+def score_with(
+    metric: Metric, turn: GoldQuestion, result: AskResult, k: int, row: QuestionRow
+) -> None:
+    """One registered metric's value for the turn into the row, or the reason it has none (its
+    scorer's `NotScored`, or the error it raised: the question itself is still answered)."""
+    assert metric.score is not None
+    try:
+        value = metric.score(turn, result, k)
+    except Exception as exc:  # a metric's failure is its missing reason, never the question's
+        row.missing[metric.name] = f"{type(exc).__name__}: {exc}"
+        return
+    if isinstance(value, NotScored):
+        row.missing[metric.name] = value.reason
+    elif value is not None:
+        row.values[metric.name] = float(value)

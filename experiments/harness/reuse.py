@@ -34,6 +34,7 @@ from caprag.errors import CapragError
 from caprag.llm.cache import open_table
 from experiments.harness.data import EvalCase
 from experiments.harness.journal import VOLATILE, _without
+from experiments.results import metrics as registry
 from experiments.results.row import ROWS, QuestionRow
 
 SCHEMA = "rows-v2"
@@ -113,11 +114,18 @@ def index_fingerprint(manifest: Mapping[str, Any]) -> dict[str, str]:
     return {book: str(entry.get("hash", "")) for book, entry in sorted(manifest.items())}
 
 
+def scored_metrics() -> list[str]:
+    """The registered metrics with their own scorer, by name and module: a metric registered
+    from outside caprag/ and experiments/ changes rows without changing their code."""
+    return [f"{m.name}:{getattr(m.score, '__module__', '?')}" for m in registry.scored()]
+
+
 def run_fingerprint(config: Mapping[str, Any], manifest: Mapping[str, Any]) -> str:
     """Everything but the case and the repeat that a row depends on."""
     kept = _without(dict(config), NOT_IN_KEY)
     books = index_fingerprint(manifest)
-    return _digest(SCHEMA, kept, books, code_fingerprint(), library_versions())
+    code = (code_fingerprint(), scored_metrics())
+    return _digest(SCHEMA, kept, books, code, library_versions())
 
 
 def case_fingerprint(case: EvalCase) -> str:

@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 import pandas as pd
 
+from experiments.results import metrics as registry
 from experiments.results.row import GOLD_HOPS
 
 Dimension = Literal["set", "type", "gold_hops"]
@@ -34,20 +35,6 @@ DIMENSION_LABELS: dict[Dimension, str] = {
     "type": "question type",
     "gold_hops": "gold hops",
 }
-SLICE_METRICS = (
-    "recall_at_k",
-    "all_gold_at_k",
-    "mrr",
-    "f1",
-    "correct_refusal",
-    "false_refusal",
-    "hops",
-    "prompt_tokens",
-    "tokens",
-    "cost_usd",
-    "latency_s",
-)
-"""The metrics logged per slice to MLflow (the main ones: the overall run logs them all)."""
 QUESTIONS = "questions"
 _UNSAFE = re.compile(r"[^\w.\- ]")
 
@@ -112,13 +99,16 @@ def metric_name(metric: str, by: Dimension, key: str) -> str:
     return f"{metric}/{part}" if by == "set" else f"{metric}/{by}/{part}"
 
 
-def slice_metrics(frame: pd.DataFrame, metrics: Sequence[str] = SLICE_METRICS) -> dict[str, float]:
-    """Every slice's metric means and question count under its MLflow name.
+def slice_metrics(frame: pd.DataFrame, metrics: Sequence[str] | None = None) -> dict[str, float]:
+    """Every slice's metric means and question count under its MLflow name (by default of the
+    metrics registered as `sliced`: the main ones; the overall run logs them all).
 
     Sets are always logged; a type or gold-hops breakdown with a single slice repeats the
     overall metrics and is left out. A metric with no value on a slice is not logged there
     (its `questions/<slice>` count still is).
     """
+    if metrics is None:
+        metrics = registry.names(registry.sliced())
     out: dict[str, float] = {}
     for by in DIMENSIONS:
         table = slice_means(frame, metrics, by)

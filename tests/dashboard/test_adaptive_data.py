@@ -181,8 +181,9 @@ def test_oracle_summary_puts_the_router_last_with_what_it_saves() -> None:
     assert list(summary["recall"]) == [0.75, 1.0, 1.0]
     assert summary["saves"].tolist()[:2] == [pytest.approx(-1.5), pytest.approx(0.375)]
     assert pd.isna(summary["saves"].iloc[-1])
-    assert data.oracle_cell(1234.4, "tokens") == "1,234 tokens"
-    assert data.oracle_cell(0.00012, "cost_usd") == "0.000120 USD"
+    assert data.oracle_cell(1234.4, "tokens", total=True) == "1,234 tokens"
+    assert data.oracle_cell(0.00012, "cost_usd", total=True) == "0.000120 USD"
+    assert data.oracle_cell(0.00012, "cost_usd") == "$0.120"  # per question: per 1,000 questions
     assert data.oracle_cell(None, "") == "—"
     shown = data.oracle_display(summary, "tokens")
     assert list(shown["saves"]) == ["150.0% more tokens", "37.5% fewer tokens", "—"]

@@ -84,7 +84,7 @@ def test_compare_page_shows_metrics_plots_and_diff(harness_store: Store, monkeyp
     recall = mlflow.get_run(hop).data.metrics["recall_at_k"]
     hop_column = next(c for c in metrics.columns if hop[:8] in c)
     assert metrics.loc["gold-passage recall@k", hop_column].startswith(f"{recall:.3f} (")
-    assert metrics.loc["hops (mean)", hop_column] != "—"
+    assert metrics.loc["hops", hop_column] != "—"
     charts = {e.key for e in at.get("plotly_chart")}
     assert {"scatter", "recall_curve", "hop_hist"} <= charts
     assert [h.value for h in at.header] == [

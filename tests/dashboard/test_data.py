@@ -173,5 +173,5 @@ def test_steps_ran_names_rule_or_model_in_order() -> None:
 def test_metric_table_shows_cost_in_dollars_per_thousand_questions() -> None:
     runs = pd.DataFrame([{"label": "a", "questions": 4, "recall_at_k": 0.5, "cost_usd": 0.000267}])
     table = data.metric_table(runs)
-    assert table.loc[data.COST_PER_1K].tolist() == ["$0.267"]
-    assert "cost USD / question" not in table.index
+    assert table.loc["cost (USD per 1,000 questions)"].tolist() == ["$0.267"]
+    assert list(table.index) == ["gold-passage recall@k", "cost (USD per 1,000 questions)"]
