@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from caprag.errors import ConfigError
 from caprag.llm.client import StructuredClient
 from caprag.llm.prompt import History, Prompt
+from caprag.roles import ROLES
 from caprag.schemas import Document
 from caprag.steps.analyze import ANALYZE, LLMAnalyzer, RuleAnalyzer, SufficiencyDecision
 from caprag.steps.assess import ASSESS, ConfidenceAssessment, LLMAssessor, RuleAssessor
@@ -24,16 +25,6 @@ from caprag.steps.generate import GENERATE, GeneratedAnswer, LLMGenerator, RuleG
 from caprag.steps.rewrite import REWRITE, LLMRewriter, RuleRewriter
 
 ALL_PROMPTS: tuple[Prompt, ...] = (EXPAND, ANALYZE, GENERATE, REWRITE, CLASSIFY, ASSESS)
-
-ROLES: dict[str, str] = {
-    "expander": "expand",
-    "analyzer": "analyze",
-    "generator": "generate",
-    "rewriter": "rewrite",
-    "classifier": "classify",
-    "confidence": "assess",
-}
-"""The name a user chooses an implementation by (Hydra key, CAPRAG_<NAME> variable) → its step."""
 
 CHOICES = ("auto", *KINDS)
 """auto: the LLM when there is a client, else the rule."""

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from caprag.errors import CapragError
 from caprag.llm.usage import PRICE_TABLE_VERSION
+from caprag.retrievers import RETRIEVERS
 from caprag.steps import Steps, prompt_versions
 from caprag.strategies import RetrievalStrategy
 from experiments.harness import cluster
@@ -192,10 +193,11 @@ DEFAULT_RETRIEVER = "dense-minilm"
 
 
 def retriever_label(cfg: DictConfig) -> str:
-    """The retriever a run searched with: bm25, dense-<embedding> or hybrid-<embedding>."""
+    """The retriever a run searched with: its kind, and the embedding for kinds that embed
+    (bm25, dense-minilm, hybrid-wordllama)."""
     index = cfg.retriever.index
     kind = str(index.get("kind") or "dense")
-    return kind if kind == "bm25" else f"{kind}-{index.get('embedding') or 'minilm'}"
+    return RETRIEVERS.choose(kind).label(str(index.get("embedding") or "minilm"))
 
 
 def run_tags(

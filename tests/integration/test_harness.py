@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from caprag.config import PROJECT_ROOT, ROLE_NAMES
+from caprag.config import ENV_NAMES, PROJECT_ROOT
 from caprag.errors import ConfigError
 from caprag.steps import ROLES, Steps
 from caprag.strategies import RetrievalStrategy
@@ -95,7 +95,9 @@ def test_steps_mix_per_step_from_hydra(tmp_path: Path, monkeypatch: pytest.Monke
         steps_from_config(make_cfg(tmp_path, "generator=llm"))
     with pytest.raises(ConfigError, match="analyzer='neural': use one of auto, rule, llm"):
         steps_from_config(make_cfg(tmp_path, "llm=openai", "analyzer=neural"))
-    assert set(ROLES) == set(ROLE_NAMES)  # the API's CAPRAG_<ROLE> names are the same
+    # One list of roles: a config key each (all auto) and the API's CAPRAG_<ROLE> variables.
+    assert {role: make_cfg(tmp_path)[role] for role in ROLES} == dict.fromkeys(ROLES, "auto")
+    assert {role: ENV_NAMES[role] for role in ROLES} == {r: f"CAPRAG_{r.upper()}" for r in ROLES}
 
 
 @pytest.mark.parametrize("preset", members("experiment"))
