@@ -1,13 +1,11 @@
-"""Test doubles: a scripted chat model and a local OpenAI-protocol server (the client path)."""
+"""Test doubles: a scripted chat model, steps that hang or lag, a manual clock, and `serve` for the
+OpenAI-protocol stub (experiments.perf.openai_stub) in a fixture."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
-import threading
 from collections.abc import Iterator, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
@@ -23,8 +21,7 @@ from caprag.schemas import Document
 from caprag.steps import Steps, build_steps, rule_steps
 from caprag.steps.analyze import RuleAnalyzer
 from caprag.steps.generate import RuleGenerator
-from experiments.perf.openai_stub import answer as stub_answer
-from experiments.perf.openai_stub import fill, fill_schema, send_json
+from experiments.perf.openai_stub import AUTO, Reply, StubServer
 
 FLURRY = Document(
     passage_id="fighting/flurry",
@@ -100,130 +97,11 @@ class ScriptedChatModel(BaseChatModel):
         return ChatResult(generations=[ChatGeneration(message=message)])
 
 
-class OpenAIStub:
-    """A chat-completions server on 127.0.0.1 with scripted replies; records every request body.
-
-    A reply is {"args": {...}} (a tool call to the requested function), {"content": "text"},
-    {"fill_schema": "text"} (JSON mode: an object fitting the JSON schema written in the prompt),
-    {"fill_tool": "text"} (a tool call whose arguments fit the requested function's schema),
-    {"auto": True} (experiments.perf.openai_stub's reply to whatever the request asks for),
-    {"status": 500} (an HTTP error), {"status": 401, "echo_key": True} (an error whose message
-    repeats the request's bearer key, as some providers do), {"malformed": "text"} (tool-call
-    arguments that are not JSON), {"empty_choices": True} (a completion with `choices: []`),
-    {"cut_body": reply} (that reply's HTTP body cut in half) or {"hang": True} (no answer until
-    the stub stops); "finish": "length" marks a reply the output cap cut.
-    """
-
-    def __init__(
-        self, replies: Sequence[dict[str, Any]] = (), default: dict[str, Any] | None = None
-    ):
-        self.replies = list(replies)
-        self.default = default
-        self.requests: list[dict[str, Any]] = []
-        self.stopped = threading.Event()
-        self._lock = threading.Lock()
-        stub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                length = int(self.headers.get("content-length", 0))
-                body = json.loads(self.rfile.read(length) or b"{}")
-                with stub._lock:
-                    stub.requests.append(body)
-                    reply = stub.replies.pop(0) if stub.replies else stub.default
-                if reply is not None and reply.get("hang"):
-                    stub.stopped.wait(60)
-                    return
-                if reply is not None and "cut_body" in reply:
-                    # The HTTP body itself cut short (a proxy or server dying mid-reply).
-                    whole = json.dumps(stub._answer(body, reply["cut_body"])[1]).encode()
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(whole) // 2))
-                    self.end_headers()
-                    self.wfile.write(whole[: len(whole) // 2])
-                    return
-                status, payload = stub._answer(body, reply)
-                if reply is not None and reply.get("echo_key"):
-                    said = f"Incorrect API key provided: {self.headers.get('authorization', '')}"
-                    payload = {"error": {"message": said, "type": "invalid_request_error"}}
-                send_json(self, status, payload)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    @property
-    def base_url(self) -> str:
-        """The /v1 URL to give the OpenAI client."""
-        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-    def _answer(
-        self, body: dict[str, Any], reply: dict[str, Any] | None
-    ) -> tuple[int, dict[str, Any]]:
-        if reply is None:
-            return 500, {"error": {"message": "stub has no scripted reply", "type": "server_error"}}
-        if "status" in reply:
-            return int(reply["status"]), {
-                "error": {"message": "scripted failure", "type": "server_error"}
-            }
-        if reply.get("auto"):
-            return 200, stub_answer(body)
-        if reply.get("empty_choices"):
-            return 200, {"id": "chatcmpl-stub", "object": "chat.completion", "choices": []}
-        message: dict[str, Any] = {"role": "assistant", "content": None}
-        if reply.get("fill_schema"):
-            prompt = "\n".join(str(m.get("content", "")) for m in body.get("messages", []))
-            message["content"] = json.dumps(fill_schema(prompt, str(reply["fill_schema"])))
-        elif "content" in reply:
-            message["content"] = reply["content"]
-        else:
-            function = body.get("tools", [{}])[0].get("function", {})
-            name = function.get("name", "tool")
-            if "fill_tool" in reply:  # arguments filling the requested function's schema
-                args = fill(function.get("parameters", {}), str(reply["fill_tool"]))
-                arguments = json.dumps(args)
-            else:
-                arguments = (
-                    reply["malformed"] if "malformed" in reply else json.dumps(reply["args"])
-                )
-            message["tool_calls"] = [
-                {
-                    "id": "call_1",
-                    "type": "function",
-                    "function": {"name": name, "arguments": arguments},
-                }
-            ]
-        usage = reply.get("usage", {"prompt_tokens": 42, "completion_tokens": 7})
-        usage = {**usage, "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]}
-        return 200, {
-            "id": "chatcmpl-stub",
-            "object": "chat.completion",
-            "created": 0,
-            "model": body.get("model", "stub"),
-            "choices": [
-                {"index": 0, "message": message, "finish_reason": reply.get("finish", "stop")}
-            ],
-            "usage": usage,
-        }
-
-    def __enter__(self) -> OpenAIStub:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stopped.set()
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def serve(
-    replies: Sequence[dict[str, Any]] = (), default: dict[str, Any] | None = None
-) -> Iterator[OpenAIStub]:
-    """Run an OpenAIStub for the duration of a fixture."""
-    with OpenAIStub(replies, default) as stub:
+    script: Sequence[Reply] = (), default: Reply | None = AUTO, **options: Any
+) -> Iterator[StubServer]:
+    """Run the OpenAI-protocol stub for the duration of a fixture (`yield from serve(...)`)."""
+    with StubServer(script, default, **options) as stub:
         yield stub
 
 
