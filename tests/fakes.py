@@ -1,11 +1,14 @@
-"""Test doubles: a scripted chat model, steps that hang or lag, a manual clock, and `serve` for the
-OpenAI-protocol stub (experiments.perf.openai_stub) in a fixture."""
+"""Test doubles: a scripted chat model, an in-memory retriever, steps that hang or lag, a manual
+clock, and `serve` for the OpenAI-protocol stub (experiments.perf.openai_stub) in a fixture."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Iterator, Sequence
+import hashlib
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
@@ -15,13 +18,16 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import BaseModel, PrivateAttr
 
+from caprag.books import load_books
 from caprag.errors import StructuredOutputError
 from caprag.llm import StructuredClient, build_openai_client
 from caprag.schemas import Document
 from caprag.steps import Steps, build_steps, rule_steps
 from caprag.steps.analyze import RuleAnalyzer
 from caprag.steps.generate import RuleGenerator
+from caprag.store import PAGE_BOOST, RestrictedIndex, find_book, passage_to_document, split_citation
 from experiments.perf.openai_stub import AUTO, Reply, StubServer
+from tests.conftest import FIXTURE_BOOKS
 
 FLURRY = Document(
     passage_id="fighting/flurry",
@@ -103,6 +109,110 @@ def serve(
     """Run the OpenAI-protocol stub for the duration of a fixture (`yield from serve(...)`)."""
     with StubServer(script, default, **options) as stub:
         yield stub
+
+
+WORD = re.compile(r"[a-z0-9]+")
+STOP_WORDS = frozenset(
+    "a an and are as at be by can do does for from has have how i in is it its many much of on "
+    "or the their them they this to what when where which who why will with".split()
+)
+
+
+def terms(text: str) -> frozenset[str]:
+    """The words of a text that count for overlap: lower case, no stop words, plurals folded."""
+    found = set()
+    for word in WORD.findall(text.lower()):
+        if word in STOP_WORDS:
+            continue
+        if len(word) > 4 and word.endswith("es") and word[-3] in "sxzh":
+            word = word[:-2]
+        elif len(word) > 3 and word.endswith("s") and not word.endswith("ss"):
+            word = word[:-1]
+        found.add(word)
+    return frozenset(found)
+
+
+class MemoryRetriever:
+    """Passages held in memory, ranked by term overlap with the query: deterministic, no encoder,
+    no Chroma (DSPy's dummy retriever). It answers what strategies, the pipeline and the harness
+    ask of an index: `search` (a '(Short, p. N)' citation narrows to that book and lifts that
+    page, as PassageIndex does), `restricted`, `parents`, `books`, `manifest`."""
+
+    def __init__(self, documents: Iterable[Document]) -> None:
+        self.documents = list(documents)
+        self._terms = [terms(f"{d.section} {d.text}") for d in self.documents]
+        order = list(dict.fromkeys(d.book_id for d in self.documents))
+        seen: dict[str, int] = {}
+        self._spread = []
+        """Where each passage goes among equal scores: the first passage of every book, then
+        the second ones... (a dense index spreads the passages a query barely touches over the
+        books; corpus order would give them all to the first book)."""
+        for d in self.documents:
+            seen[d.book_id] = seen.get(d.book_id, 0) + 1
+            self._spread.append((seen[d.book_id], order.index(d.book_id)))
+        self.searches: list[tuple[str, int]] = []
+        """Every (query, k) searched, in order."""
+
+    @classmethod
+    def from_books(cls, folder: Path = FIXTURE_BOOKS) -> MemoryRetriever:
+        """The passages of a folder of rulebooks (parsing is pure and fast)."""
+        return cls(passage_to_document(p) for book in load_books(folder) for p in book.passages)
+
+    def search(self, query: str, k: int) -> list[Document]:
+        """Top-k passages by the share of the query's words each holds."""
+        return self._search(query, k, None)
+
+    def restricted(self, passage_ids: Iterable[str]) -> RestrictedIndex:
+        """A retriever over these passages only."""
+        return RestrictedIndex(self, passage_ids)
+
+    def _search(self, query: str, k: int, within: Sequence[str] | None) -> list[Document]:
+        self.searches.append((query, k))
+        text, book_id, page = split_citation(query, self.book_by_short)
+        wanted = terms(text or query)
+        allowed = None if within is None else set(within)
+        scored = []
+        for doc, words, spread in zip(self.documents, self._terms, self._spread, strict=True):
+            if (allowed is not None and doc.passage_id not in allowed) or (
+                book_id and doc.book_id != book_id
+            ):
+                continue
+            score = len(wanted & words) / max(1, len(wanted))
+            if page is not None and doc.page == page:
+                score += PAGE_BOOST
+            scored.append((-score, spread, doc))
+        ranked = sorted(scored, key=lambda item: item[:2])[:k]
+        return [doc.model_copy(update={"score": round(-score, 6)}) for score, _, doc in ranked]
+
+    def parents(self) -> dict[str, Document]:
+        """Every passage by id."""
+        return {d.passage_id: d for d in self.documents}
+
+    def books(self) -> dict[str, dict[str, Any]]:
+        """Metadata of each book, keyed by book id."""
+        found: dict[str, dict[str, Any]] = {}
+        for d in self.documents:
+            meta = {"book_id": d.book_id, "short": d.book_short, "title": d.book_title}
+            found.setdefault(d.book_id, meta)
+        return found
+
+    def book_by_short(self, short: str) -> str | None:
+        """Book id for a short name used in citations ('Gifts' → 'gifts')."""
+        return find_book(self.books(), short)
+
+    def manifest(self) -> dict[str, Any]:
+        """Books held: id → a hash of their passages and their metadata (what a row cache keys
+        on)."""
+        held: dict[str, list[str]] = {}
+        for d in self.documents:
+            held.setdefault(d.book_id, []).append(d.content_hash)
+        return {
+            book_id: {
+                "hash": hashlib.sha256(" ".join(hashes).encode()).hexdigest()[:16],
+                "meta": self.books()[book_id],
+            }
+            for book_id, hashes in held.items()
+        }
 
 
 def openai_steps(model: str = "gpt-4o-mini", **client: Any) -> Steps:
