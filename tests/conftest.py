@@ -12,6 +12,8 @@ from caprag.books import load_books
 from caprag.embeddings import get_embedder
 from caprag.store import PassageIndex
 
+pytest_plugins = ("pytester",)  # tests/integration/test_unit_guard.py runs a pytest of its own
+
 FIXTURE_BOOKS = Path(__file__).parent / "fixtures" / "books"
 ENV_KEYS = [
     "RETRIEVAL_STRATEGY",
