@@ -35,7 +35,7 @@ ENV_KEYS = [
     "CAPRAG_POWER",
     "CAPRAG_DEPTH_CHUNKS",
 ]
-TEST_REQUEST_TIMEOUT_S = "300"
+TEST_REQUEST_TIMEOUT_S = "600"
 """The serving time limit in tests (5 s by default): only a hang guard, so a busy machine never
 cuts a turn; the tests of the limit set their own, with a clock they move."""
 

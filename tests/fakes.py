@@ -249,21 +249,29 @@ def flaky_steps(hang_on: str = "torch", garble_on: str = "stamina", **_group: An
     return dataclasses.replace(rule_steps(), analyze=HangingAnalyzer(hang_on, garble_on))
 
 
-class SlowGenerator(RuleGenerator):
-    """The rule generator, every answer taking `delay_s`."""
+class StallingGenerator(RuleGenerator):
+    """The rule generator, except that once `answers` questions are answered, the later ones
+    wait forever while the file `hold` exists: a harness run that stops at a known point, for
+    as long as a test needs to kill it (no sleep, no race). Remove the file and a run of the
+    same configuration goes through."""
 
-    def __init__(self, delay_s: float) -> None:
+    def __init__(self, answers: int, hold: str) -> None:
         super().__init__()
-        self.delay_s = delay_s
+        self.answers = answers
+        self.hold = Path(hold)
+        self.answered = 0
 
     async def __call__(self, question: str, documents: Any, history: Any = ()) -> Any:
-        await asyncio.sleep(self.delay_s)
+        if self.answered >= self.answers and self.hold.exists():
+            await asyncio.Event().wait()
+        self.answered += 1
         return await super().__call__(question, documents, history)
 
 
-def slow_steps(delay_s: float = 1.0, **_group: Any) -> Steps:
-    """The rule steps with a slow generator: a run long enough to kill (as `llm._target_`)."""
-    return dataclasses.replace(rule_steps(), generate=SlowGenerator(delay_s))
+def stalling_steps(answers: int = 3, hold: str = "", **_group: Any) -> Steps:
+    """The rule steps with a generator that stalls after `answers` answers while `hold`
+    exists (as `llm._target_`)."""
+    return dataclasses.replace(rule_steps(), generate=StallingGenerator(answers, hold))
 
 
 class ManualClock:

@@ -19,8 +19,8 @@ from tests.dashboard.conftest import Store
 pytestmark = pytest.mark.browser
 APP = PROJECT_ROOT / "experiments" / "dashboard" / "app.py"
 SHOTS = PROJECT_ROOT / "reports" / "screenshots"
-START_TIMEOUT_S = 60
-TEXT_TIMEOUT_MS = 60_000
+START_TIMEOUT_S = 600
+TEXT_TIMEOUT_MS = 600_000  # only catches a hang: the machine is shared
 
 
 @contextlib.contextmanager
@@ -118,7 +118,7 @@ def test_trace_page(server: str, browser: Browser, harness_store: Store) -> None
     assert tables.first.get_by_text("fighting", exact=True).first.is_visible()
     assert page.get_by_text("★ gold").first.is_visible()
     link = page.get_by_role("link", name="Open this run in the MLflow UI")
-    assert link.get_attribute("href", timeout=5000).endswith(f"/runs/{run_id}")
+    assert link.get_attribute("href", timeout=TEXT_TIMEOUT_MS).endswith(f"/runs/{run_id}")
     shoot(page, "trace")
 
 
@@ -126,7 +126,7 @@ def test_ask_page(server: str, browser: Browser) -> None:
     page = visit(browser, f"{server}/ask", "Type a question and press Ask", height=2200)
     page.get_by_label("Question").fill("What penalty does the second attack of a Flurry suffer?")
     page.get_by_role("button", name="Ask", exact=True).click()
-    page.get_by_text("Hop 2").wait_for(timeout=180_000)
+    page.get_by_text("Hop 2").wait_for(timeout=TEXT_TIMEOUT_MS)
     settle(page)
     assert page.get_by_text("Analyzer decision").first.is_visible()
     assert page.locator("[data-testid='stTable']").first.get_by_text("fighting").first.is_visible()

@@ -22,7 +22,7 @@ from tests.dashboard.test_browser import (
 )
 
 pytestmark = pytest.mark.browser
-ANSWER_TIMEOUT_MS = 180_000
+ANSWER_TIMEOUT_MS = 600_000
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ def untimed(value: Any) -> Any:
 def answered(tmp: Path, concurrency: int) -> tuple[list[Any], list[str], int]:
     """Rows (untimed), request bodies (sorted) and the most requests in flight at once."""
     hold = concurrency if concurrency > 1 else 0  # held until that many are in flight at once
-    with StubServer(hold_until=hold, hold_s=120) as stub:
+    with StubServer(hold_until=hold) as stub:
         overrides = [
             f"paths.store={tmp / 'store'}",
             f"paths.journals={tmp / f'journals-{concurrency}'}",

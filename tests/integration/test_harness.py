@@ -166,7 +166,7 @@ def run_cli(*args: str, cwd: Path = PROJECT_ROOT) -> subprocess.CompletedProcess
         capture_output=True,
         text=True,
         cwd=cwd,
-        timeout=300,
+        timeout=600,
         env={"PATH": "/usr/bin:/bin"},
     )
 

@@ -204,7 +204,7 @@ def test_cli_missing_key_message_not_traceback(fixture_env: object) -> None:
         capture_output=True,
         text=True,
         env=env,
-        timeout=120,
+        timeout=600,
     )
     assert done.returncode == 2
     assert "error: CAPRAG_LLM=openai needs an API key" in done.stderr

@@ -60,7 +60,7 @@ def answered(
     tmp: Path, concurrency: int, count: int, *extra: str
 ) -> tuple[list[Any], list[str], int]:
     """Rows (untimed), request bodies (sorted) and the most requests in flight at once."""
-    with StubServer(hold_until=concurrency, hold_s=120) as stub:
+    with StubServer(hold_until=concurrency) as stub:
         name = f"{concurrency}-{count}"
         cfg = compose_cfg(
             *stub_overrides(tmp, stub, name),
