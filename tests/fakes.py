@@ -238,7 +238,7 @@ class HangingAnalyzer(RuleAnalyzer):
 
     async def __call__(self, question: str, documents: Any, searched: Any) -> Any:
         if self.hang_on in question.lower():
-            await asyncio.sleep(3600)
+            await asyncio.Event().wait()  # never set: only the question's timeout ends it
         if self.garble_on in question.lower():
             raise StructuredOutputError("SufficiencyDecision", "reply was not JSON: 'Sure!'", 3)
         return await super().__call__(question, documents, searched)
