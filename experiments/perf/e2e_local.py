@@ -44,13 +44,13 @@ STRATEGIES: dict[str, list[str]] = {
     "multi-hop": ["strategy=multi-hop"],
     "multi-question": ["strategy=multi-question"],
     # Depth 3 gathers up to 10,000 tokens of passages by default: more than the server's context.
-    # A short ladder keeps each assess/generate prompt near 800 tokens (5 chunks made ~1,900:
-    # 13 s a call on 2 cores); the protocol and the bookkeeping are the same.
+    # A short ladder keeps the assess/generate prompts small (5 chunks made ~1,900 tokens, 13 s
+    # a call on 2 cores; 2/4/8 chunks ~1,200, 9-11 s); the protocol and bookkeeping are the same.
     "adaptive": [
         "strategy=adaptive",
         "classifier=llm",
         "confidence=llm",
-        "strategy.depth_chunks=[2,4,8]",
+        "strategy.depth_chunks=[1,2,4]",
         "strategy.max_context_tokens=2000",
     ],
 }
@@ -69,7 +69,8 @@ class Settings:
     """Output cap of every pipeline call (`llm.client.max_output_tokens`)."""
     parse_attempts: int = 1
     """At temperature 0 a retry returns the same reply: each unusable reply is recorded once."""
-    k: int = 3
+    k: int = 2
+    """Passages per answer: each costs ~250 prompt tokens of every analyze and generate call."""
     judge_questions: int = 2
     judge_cap: int = 128
     structured_method: str = "json_schema"
