@@ -40,8 +40,14 @@ dashboard: setup  ## the Streamlit dashboard on http://127.0.0.1:8501
 mlflow: setup  ## the MLflow UI on http://127.0.0.1:5000
 	uv run --frozen mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlruns.db --host 127.0.0.1 --port 5000
 
-test: setup-local-llm  ## the whole test suite (unit, integration, slow, the local LLM server)
-	uv run --frozen pytest -q
+# pytest-xdist workers for the tests beyond unit/ (each loads the whole stack: ~2 GB of memory).
+# --dist loadfile keeps a module's tests on one worker, so its module fixtures (servers, stores,
+# a browser) start once. (loadgroup would also keep the dashboard's session stores on one worker,
+# but it silently stops grouping with pytest 9.2: pytest-xdist issue #1386.)
+TEST_WORKERS ?= 2
+test: setup-local-llm  ## the whole test suite: unit tests first (fast, in a process of their own, where their guard sees every import), then the rest (integration, slow, browser, the local LLM server) on $(TEST_WORKERS) workers
+	uv run --frozen pytest -q tests/unit
+	uv run --frozen pytest -q --ignore=tests/unit -n $(TEST_WORKERS) --dist loadfile
 
 test-cluster: setup-cluster  ## the cluster tests: Ray head + Chroma + MLflow servers on 127.0.0.1 (CI runs it)
 	uv run --frozen pytest -q -m cluster tests/cluster

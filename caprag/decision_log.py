@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -143,6 +144,21 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
+def _use_wal(db: sqlite3.Connection) -> None:
+    """Switch the file to WAL. Two processes opening a new log at once race here, and SQLite
+    answers the loser "database is locked" at once, without its busy handler (53 of 300 tries
+    of two threads): try again until the busy timeout has passed."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 class DecisionLog:
     """The SQLite file of decision records and feedback (`path` may be ':memory:')."""
 
@@ -160,7 +176,7 @@ class DecisionLog:
                     self.path, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False
                 )
                 db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-                db.execute("PRAGMA journal_mode = WAL")
+                _use_wal(db)
                 db.executescript(SCHEMA)
             except (OSError, sqlite3.Error) as exc:
                 raise ConfigError(

@@ -12,6 +12,8 @@ from caprag.books import load_books
 from caprag.embeddings import get_embedder
 from caprag.store import PassageIndex
 
+pytest_plugins = ("pytester",)  # tests/integration/test_unit_guard.py runs a pytest of its own
+
 FIXTURE_BOOKS = Path(__file__).parent / "fixtures" / "books"
 ENV_KEYS = [
     "RETRIEVAL_STRATEGY",
@@ -34,7 +36,7 @@ ENV_KEYS = [
     "CAPRAG_DEPTH_CHUNKS",
     "CAPRAG_PLUGINS",
 ]
-TEST_REQUEST_TIMEOUT_S = "300"
+TEST_REQUEST_TIMEOUT_S = "600"
 """The serving time limit in tests (5 s by default): only a hang guard, so a busy machine never
 cuts a turn; the tests of the limit set their own, with a clock they move."""
 

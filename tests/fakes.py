@@ -1,13 +1,14 @@
-"""Test doubles: a scripted chat model and a local OpenAI-protocol server (the client path)."""
+"""Test doubles: a scripted chat model, an in-memory retriever, steps that hang or lag, a manual
+clock, and `serve` for the OpenAI-protocol stub (experiments.perf.openai_stub) in a fixture."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
-import threading
-from collections.abc import Iterator, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import hashlib
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
@@ -17,14 +18,16 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import BaseModel, PrivateAttr
 
+from caprag.books import load_books
 from caprag.errors import StructuredOutputError
 from caprag.llm import StructuredClient, build_openai_client
 from caprag.schemas import Document
 from caprag.steps import Steps, build_steps, rule_steps
 from caprag.steps.analyze import RuleAnalyzer
 from caprag.steps.generate import RuleGenerator
-from experiments.perf.openai_stub import answer as stub_answer
-from experiments.perf.openai_stub import fill, fill_schema, send_json
+from caprag.store import PAGE_BOOST, RestrictedIndex, find_book, passage_to_document, split_citation
+from experiments.perf.openai_stub import AUTO, Reply, StubServer
+from tests.conftest import FIXTURE_BOOKS
 
 FLURRY = Document(
     passage_id="fighting/flurry",
@@ -100,131 +103,116 @@ class ScriptedChatModel(BaseChatModel):
         return ChatResult(generations=[ChatGeneration(message=message)])
 
 
-class OpenAIStub:
-    """A chat-completions server on 127.0.0.1 with scripted replies; records every request body.
-
-    A reply is {"args": {...}} (a tool call to the requested function), {"content": "text"},
-    {"fill_schema": "text"} (JSON mode: an object fitting the JSON schema written in the prompt),
-    {"fill_tool": "text"} (a tool call whose arguments fit the requested function's schema),
-    {"auto": True} (experiments.perf.openai_stub's reply to whatever the request asks for),
-    {"status": 500} (an HTTP error), {"status": 401, "echo_key": True} (an error whose message
-    repeats the request's bearer key, as some providers do), {"malformed": "text"} (tool-call
-    arguments that are not JSON), {"empty_choices": True} (a completion with `choices: []`),
-    {"cut_body": reply} (that reply's HTTP body cut in half) or {"hang": True} (no answer until
-    the stub stops); "finish": "length" marks a reply the output cap cut.
-    """
-
-    def __init__(
-        self, replies: Sequence[dict[str, Any]] = (), default: dict[str, Any] | None = None
-    ):
-        self.replies = list(replies)
-        self.default = default
-        self.requests: list[dict[str, Any]] = []
-        self.stopped = threading.Event()
-        self._lock = threading.Lock()
-        stub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                length = int(self.headers.get("content-length", 0))
-                body = json.loads(self.rfile.read(length) or b"{}")
-                with stub._lock:
-                    stub.requests.append(body)
-                    reply = stub.replies.pop(0) if stub.replies else stub.default
-                if reply is not None and reply.get("hang"):
-                    stub.stopped.wait(60)
-                    return
-                if reply is not None and "cut_body" in reply:
-                    # The HTTP body itself cut short (a proxy or server dying mid-reply).
-                    whole = json.dumps(stub._answer(body, reply["cut_body"])[1]).encode()
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(whole) // 2))
-                    self.end_headers()
-                    self.wfile.write(whole[: len(whole) // 2])
-                    return
-                status, payload = stub._answer(body, reply)
-                if reply is not None and reply.get("echo_key"):
-                    said = f"Incorrect API key provided: {self.headers.get('authorization', '')}"
-                    payload = {"error": {"message": said, "type": "invalid_request_error"}}
-                send_json(self, status, payload)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    @property
-    def base_url(self) -> str:
-        """The /v1 URL to give the OpenAI client."""
-        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-    def _answer(
-        self, body: dict[str, Any], reply: dict[str, Any] | None
-    ) -> tuple[int, dict[str, Any]]:
-        if reply is None:
-            return 500, {"error": {"message": "stub has no scripted reply", "type": "server_error"}}
-        if "status" in reply:
-            return int(reply["status"]), {
-                "error": {"message": "scripted failure", "type": "server_error"}
-            }
-        if reply.get("auto"):
-            return 200, stub_answer(body)
-        if reply.get("empty_choices"):
-            return 200, {"id": "chatcmpl-stub", "object": "chat.completion", "choices": []}
-        message: dict[str, Any] = {"role": "assistant", "content": None}
-        if reply.get("fill_schema"):
-            prompt = "\n".join(str(m.get("content", "")) for m in body.get("messages", []))
-            message["content"] = json.dumps(fill_schema(prompt, str(reply["fill_schema"])))
-        elif "content" in reply:
-            message["content"] = reply["content"]
-        else:
-            function = body.get("tools", [{}])[0].get("function", {})
-            name = function.get("name", "tool")
-            if "fill_tool" in reply:  # arguments filling the requested function's schema
-                args = fill(function.get("parameters", {}), str(reply["fill_tool"]))
-                arguments = json.dumps(args)
-            else:
-                arguments = (
-                    reply["malformed"] if "malformed" in reply else json.dumps(reply["args"])
-                )
-            message["tool_calls"] = [
-                {
-                    "id": "call_1",
-                    "type": "function",
-                    "function": {"name": name, "arguments": arguments},
-                }
-            ]
-        usage = reply.get("usage", {"prompt_tokens": 42, "completion_tokens": 7})
-        usage = {**usage, "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]}
-        return 200, {
-            "id": "chatcmpl-stub",
-            "object": "chat.completion",
-            "created": 0,
-            "model": body.get("model", "stub"),
-            "choices": [
-                {"index": 0, "message": message, "finish_reason": reply.get("finish", "stop")}
-            ],
-            "usage": usage,
-        }
-
-    def __enter__(self) -> OpenAIStub:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stopped.set()
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def serve(
-    replies: Sequence[dict[str, Any]] = (), default: dict[str, Any] | None = None
-) -> Iterator[OpenAIStub]:
-    """Run an OpenAIStub for the duration of a fixture."""
-    with OpenAIStub(replies, default) as stub:
+    script: Sequence[Reply] = (), default: Reply | None = AUTO, **options: Any
+) -> Iterator[StubServer]:
+    """Run the OpenAI-protocol stub for the duration of a fixture (`yield from serve(...)`)."""
+    with StubServer(script, default, **options) as stub:
         yield stub
+
+
+WORD = re.compile(r"[a-z0-9]+")
+STOP_WORDS = frozenset(
+    "a an and are as at be by can do does for from has have how i in is it its many much of on "
+    "or the their them they this to what when where which who why will with".split()
+)
+
+
+def terms(text: str) -> frozenset[str]:
+    """The words of a text that count for overlap: lower case, no stop words, plurals folded."""
+    found = set()
+    for word in WORD.findall(text.lower()):
+        if word in STOP_WORDS:
+            continue
+        if len(word) > 4 and word.endswith("es") and word[-3] in "sxzh":
+            word = word[:-2]
+        elif len(word) > 3 and word.endswith("s") and not word.endswith("ss"):
+            word = word[:-1]
+        found.add(word)
+    return frozenset(found)
+
+
+class MemoryRetriever:
+    """Passages held in memory, ranked by term overlap with the query: deterministic, no encoder,
+    no Chroma (DSPy's dummy retriever). It answers what strategies, the pipeline and the harness
+    ask of an index: `search` (a '(Short, p. N)' citation narrows to that book and lifts that
+    page, as PassageIndex does), `restricted`, `parents`, `books`, `manifest`."""
+
+    def __init__(self, documents: Iterable[Document]) -> None:
+        self.documents = list(documents)
+        self._terms = [terms(f"{d.section} {d.text}") for d in self.documents]
+        order = list(dict.fromkeys(d.book_id for d in self.documents))
+        seen: dict[str, int] = {}
+        self._spread = []
+        """Where each passage goes among equal scores: the first passage of every book, then
+        the second ones... (a dense index spreads the passages a query barely touches over the
+        books; corpus order would give them all to the first book)."""
+        for d in self.documents:
+            seen[d.book_id] = seen.get(d.book_id, 0) + 1
+            self._spread.append((seen[d.book_id], order.index(d.book_id)))
+        self.searches: list[tuple[str, int]] = []
+        """Every (query, k) searched, in order."""
+
+    @classmethod
+    def from_books(cls, folder: Path = FIXTURE_BOOKS) -> MemoryRetriever:
+        """The passages of a folder of rulebooks (parsing is pure and fast)."""
+        return cls(passage_to_document(p) for book in load_books(folder) for p in book.passages)
+
+    def search(self, query: str, k: int) -> list[Document]:
+        """Top-k passages by the share of the query's words each holds."""
+        return self._search(query, k, None)
+
+    def restricted(self, passage_ids: Iterable[str]) -> RestrictedIndex:
+        """A retriever over these passages only."""
+        return RestrictedIndex(self, passage_ids)
+
+    def _search(self, query: str, k: int, within: Sequence[str] | None) -> list[Document]:
+        self.searches.append((query, k))
+        text, book_id, page = split_citation(query, self.book_by_short)
+        wanted = terms(text or query)
+        allowed = None if within is None else set(within)
+        scored = []
+        for doc, words, spread in zip(self.documents, self._terms, self._spread, strict=True):
+            if (allowed is not None and doc.passage_id not in allowed) or (
+                book_id and doc.book_id != book_id
+            ):
+                continue
+            score = len(wanted & words) / max(1, len(wanted))
+            if page is not None and doc.page == page:
+                score += PAGE_BOOST
+            scored.append((-score, spread, doc))
+        ranked = sorted(scored, key=lambda item: item[:2])[:k]
+        return [doc.model_copy(update={"score": round(-score, 6)}) for score, _, doc in ranked]
+
+    def parents(self) -> dict[str, Document]:
+        """Every passage by id."""
+        return {d.passage_id: d for d in self.documents}
+
+    def books(self) -> dict[str, dict[str, Any]]:
+        """Metadata of each book, keyed by book id."""
+        found: dict[str, dict[str, Any]] = {}
+        for d in self.documents:
+            meta = {"book_id": d.book_id, "short": d.book_short, "title": d.book_title}
+            found.setdefault(d.book_id, meta)
+        return found
+
+    def book_by_short(self, short: str) -> str | None:
+        """Book id for a short name used in citations ('Gifts' → 'gifts')."""
+        return find_book(self.books(), short)
+
+    def manifest(self) -> dict[str, Any]:
+        """Books held: id → a hash of their passages and their metadata (what a row cache keys
+        on)."""
+        held: dict[str, list[str]] = {}
+        for d in self.documents:
+            held.setdefault(d.book_id, []).append(d.content_hash)
+        return {
+            book_id: {
+                "hash": hashlib.sha256(" ".join(hashes).encode()).hexdigest()[:16],
+                "meta": self.books()[book_id],
+            }
+            for book_id, hashes in held.items()
+        }
 
 
 def openai_steps(model: str = "gpt-4o-mini", **client: Any) -> Steps:
@@ -250,7 +238,7 @@ class HangingAnalyzer(RuleAnalyzer):
 
     async def __call__(self, question: str, documents: Any, searched: Any) -> Any:
         if self.hang_on in question.lower():
-            await asyncio.sleep(3600)
+            await asyncio.Event().wait()  # never set: only the question's timeout ends it
         if self.garble_on in question.lower():
             raise StructuredOutputError("SufficiencyDecision", "reply was not JSON: 'Sure!'", 3)
         return await super().__call__(question, documents, searched)
@@ -261,21 +249,29 @@ def flaky_steps(hang_on: str = "torch", garble_on: str = "stamina", **_group: An
     return dataclasses.replace(rule_steps(), analyze=HangingAnalyzer(hang_on, garble_on))
 
 
-class SlowGenerator(RuleGenerator):
-    """The rule generator, every answer taking `delay_s`."""
+class StallingGenerator(RuleGenerator):
+    """The rule generator, except that once `answers` questions are answered, the later ones
+    wait forever while the file `hold` exists: a harness run that stops at a known point, for
+    as long as a test needs to kill it (no sleep, no race). Remove the file and a run of the
+    same configuration goes through."""
 
-    def __init__(self, delay_s: float) -> None:
+    def __init__(self, answers: int, hold: str) -> None:
         super().__init__()
-        self.delay_s = delay_s
+        self.answers = answers
+        self.hold = Path(hold)
+        self.answered = 0
 
     async def __call__(self, question: str, documents: Any, history: Any = ()) -> Any:
-        await asyncio.sleep(self.delay_s)
+        if self.answered >= self.answers and self.hold.exists():
+            await asyncio.Event().wait()
+        self.answered += 1
         return await super().__call__(question, documents, history)
 
 
-def slow_steps(delay_s: float = 1.0, **_group: Any) -> Steps:
-    """The rule steps with a slow generator: a run long enough to kill (as `llm._target_`)."""
-    return dataclasses.replace(rule_steps(), generate=SlowGenerator(delay_s))
+def stalling_steps(answers: int = 3, hold: str = "", **_group: Any) -> Steps:
+    """The rule steps with a generator that stalls after `answers` answers while `hold`
+    exists (as `llm._target_`)."""
+    return dataclasses.replace(rule_steps(), generate=StallingGenerator(answers, hold))
 
 
 class ManualClock:

@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from caprag.config import PROJECT_ROOT
 from experiments.perf.harness_bench import (
     QUIET_ENV,
     STUB_LATENCY_S,
@@ -165,7 +166,11 @@ OTHER = "other"
 
 def _component(filename: str) -> str | None:
     """The component a file belongs to; None for builtins and the rest of the standard library
-    (their time is counted where they were called from)."""
+    (their time is counted where they were called from). The project's own files are matched
+    by their path inside the checkout: a checkout folder named `caprag` is no component."""
+    root = f"{PROJECT_ROOT}/"
+    if filename.startswith(root):
+        filename = "/" + filename[len(root) :]
     for name, markers in COMPONENTS:
         if any(f"/{marker}/" in filename or f"/{marker}." in filename for marker in markers):
             return name

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -168,9 +169,13 @@ def _mib(kib: float) -> float:
 
 
 def section(
-    questions: int = 2000, retriever: str = "wordllama", timeout_s: float = 1800.0
+    questions: int = 2000,
+    retriever: str = "wordllama",
+    timeout_s: float = 1800.0,
+    marks: Sequence[int] = MARKS,
 ) -> dict[str, object]:
-    """Peak RSS and RSS every 500 questions of one offline run of ≥ `questions` questions."""
+    """Peak RSS and RSS at each of `marks` questions (every 500) of one offline run of ≥
+    `questions` questions."""
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -195,7 +200,7 @@ def section(
     peak = max([exact_peak, *(max(s.hwm_kib, s.rss_kib) for s in samples)])
     last_question = next((s for s in samples if s.questions >= count), samples[-1])
     points = []
-    for mark in [m for m in MARKS if m <= count] + ([count] if count not in MARKS else []):
+    for mark in [m for m in marks if m <= count] + ([count] if count not in marks else []):
         sample = next((s for s in samples if s.questions >= mark), None)
         if sample is not None:
             points.append(

@@ -1,23 +1,28 @@
-"""A local OpenAI-protocol chat-completions server that answers every request without a script.
+"""A local OpenAI-protocol chat-completions server: one stub for tests and benchmarks.
 
 `python -m experiments.openai_stub --port 0 --latency 0.2` prints its base URL and serves until
 killed (GET <base>/stats counts its requests); `with StubServer(latency_s=0.2) as stub:` runs it
-in a thread. A request with `tools` gets a tool call whose arguments fill the requested
-function's JSON schema, a `json_object` request gets an object filling the schema written after
-"JSON Schema:" in the prompt (RAGAS), anything else gets plain text. Replies are deterministic:
-strings come from the last user message. Each request sleeps `latency_s` in its own thread, so
-concurrent requests overlap like a real server's.
+in a thread. Unscripted (the default), a request with `tools` gets a tool call whose arguments
+fill the requested function's JSON schema, a `json_object` request gets an object filling the
+schema written after "JSON Schema:" in the prompt (RAGAS), anything else gets plain text; strings
+come from the last user message, so replies are deterministic. A test gives a script instead
+(`StubServer([{"status": 500}, {"args": {...}}], default=None)`): replies in order, of the kinds
+`respond` lists (errors, cut bodies, hangs, malformed tool calls...). Each request waits
+`latency_s` in its own thread, so concurrent requests overlap like a real server's.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -130,7 +135,7 @@ def _content(message: Mapping[str, Any]) -> str:
 
 
 def answer(body: Mapping[str, Any]) -> dict[str, Any]:
-    """The chat.completion object the stub returns for a request body."""
+    """The chat.completion object the stub returns for a request body (the `auto` reply)."""
     messages = list(body.get("messages", []))
     text = reply_text(messages)
     message: dict[str, Any] = {"role": "assistant", "content": None}
@@ -142,13 +147,7 @@ def answer(body: Mapping[str, Any]) -> dict[str, Any]:
         tool = next((t for t in tools if t["function"]["name"] == name), tools[0])["function"]
         schema = tool.get("parameters") or {"type": "object", "properties": {}}
         completion = json.dumps(fill(schema, text))
-        message["tool_calls"] = [
-            {
-                "id": "call_stub",
-                "type": "function",
-                "function": {"name": tool["name"], "arguments": completion},
-            }
-        ]
+        message["tool_calls"] = [_tool_call("call_stub", tool["name"], completion)]
         finish = "tool_calls"
     elif response_format.get("type") == "json_object":
         prompt = "\n".join(_content(m) for m in messages)
@@ -165,43 +164,155 @@ def answer(body: Mapping[str, Any]) -> dict[str, Any]:
         message["content"] = completion
         finish = "stop"
     prompt_tokens = sum(len(_content(m).split()) for m in messages)
-    completion_tokens = max(1, len(completion.split()))
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": max(1, len(completion.split()))}
+    return _completion(body, message, finish, usage, created=int(time.time()))
+
+
+Reply = Mapping[str, Any]
+"""One scripted reply: a dict of one of the kinds listed in `respond`."""
+
+AUTO: Reply = {"auto": True}
+"""The reply that answers whatever the request asks for (`answer`)."""
+
+SCRIPTED_USAGE = {"prompt_tokens": 42, "completion_tokens": 7}
+"""The usage a scripted reply reports unless it says its own."""
+
+HOLD_S = 600.0
+"""The longest a held request waits for the others: a hang guard, never a deadline."""
+
+
+@dataclass(frozen=True)
+class Response:
+    """What the stub sends back for one request, and how it delivers it."""
+
+    status: int = 200
+    payload: Any = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    cut: bool = False
+    """Send only the first half of the body (a proxy or server dying mid-reply)."""
+    hang: bool = False
+    """Send nothing: the request waits until the stub stops."""
+
+
+def respond(body: Mapping[str, Any], reply: Reply | None, authorization: str = "") -> Response:
+    """The response to one request under one reply.
+
+    Kinds of reply: {"auto": True} (`answer`: whatever the request asks for);
+    {"args": {...}} (a tool call to the requested function with these arguments);
+    {"fill_tool": "text"} (a tool call whose arguments fill the requested function's schema);
+    {"malformed": "text"} (tool-call arguments that are not JSON); {"content": "text"};
+    {"fill_schema": "text"} (JSON mode: an object fitting the JSON schema written in the prompt);
+    {"empty_choices": True} (a completion with `choices: []`); {"status": 500} (an HTTP error;
+    "echo_key": True makes its message repeat the request's bearer key, as some providers do;
+    "retry_after": seconds adds that header); {"cut_body": reply} (that reply's body cut in half);
+    {"hang": True} (no answer until the stub stops). "finish": "length" marks a reply the output
+    cap cut; "usage": {"prompt_tokens": n, "completion_tokens": m} replaces the reported usage.
+    None (a script run out with no default) is a 500 saying so.
+    """
+    if reply is None:
+        return Response(500, _error("stub has no scripted reply", "server_error"))
+    if reply.get("hang"):
+        return Response(hang=True)
+    if "cut_body" in reply:
+        return dataclasses.replace(respond(body, reply["cut_body"], authorization), cut=True)
+    if "status" in reply:
+        said = "scripted failure"
+        if reply.get("echo_key"):
+            said = f"Incorrect API key provided: {authorization}"
+        headers = {"retry-after": str(reply["retry_after"])} if "retry_after" in reply else {}
+        kind = "invalid_request_error" if reply.get("echo_key") else "server_error"
+        return Response(int(reply["status"]), _error(said, kind), headers)
+    if reply.get("auto"):
+        return Response(200, answer(body))
+    if reply.get("empty_choices"):
+        return Response(200, {"id": "chatcmpl-stub", "object": "chat.completion", "choices": []})
+    message: dict[str, Any] = {"role": "assistant", "content": None}
+    if reply.get("fill_schema"):
+        prompt = "\n".join(_content(m) for m in body.get("messages", []))
+        message["content"] = json.dumps(fill_schema(prompt, str(reply["fill_schema"])))
+    elif "content" in reply:
+        message["content"] = reply["content"]
+    else:
+        function = body.get("tools", [{}])[0].get("function", {})
+        if "fill_tool" in reply:
+            arguments = json.dumps(fill(function.get("parameters", {}), str(reply["fill_tool"])))
+        elif "malformed" in reply:
+            arguments = str(reply["malformed"])
+        else:
+            arguments = json.dumps(reply["args"])
+        message["tool_calls"] = [_tool_call("call_1", function.get("name", "tool"), arguments)]
+    usage = dict(reply.get("usage", SCRIPTED_USAGE))
+    return Response(200, _completion(body, message, reply.get("finish", "stop"), usage))
+
+
+def _tool_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _completion(
+    body: Mapping[str, Any],
+    message: dict[str, Any],
+    finish: str,
+    usage: Mapping[str, int],
+    created: int = 0,
+) -> dict[str, Any]:
+    total = usage["prompt_tokens"] + usage["completion_tokens"]
     return {
         "id": "chatcmpl-stub",
         "object": "chat.completion",
-        "created": int(time.time()),
+        "created": created,
         "model": body.get("model", "stub"),
         "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
+        "usage": {**usage, "total_tokens": total},
     }
 
 
+def _error(message: str, kind: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind}}
+
+
 class StubServer:
-    """The stub on 127.0.0.1 in a background thread; counts requests and keeps their bodies."""
+    """The stub on 127.0.0.1 in a background thread; counts requests and keeps their bodies.
+
+    Requests take the `script`'s replies in order, then `default` (the auto reply unless given;
+    None: a 500 for any request the script did not foresee). Each request waits `latency_s`
+    (in its own thread, so concurrent requests overlap like a real server's), or until the stub
+    stops. What a request gets is decided in two places a later change can grow: `respond`
+    (the reply kinds) and `delay_s` (the latency of one request).
+    """
 
     def __init__(
-        self, latency_s: float = 0.0, port: int = 0, *, hold_until: int = 0, hold_s: float = 60.0
+        self,
+        script: Iterable[Reply] = (),
+        default: Reply | None = AUTO,
+        *,
+        latency_s: float = 0.0,
+        port: int = 0,
+        hold_until: int = 0,
+        hold_s: float = HOLD_S,
     ) -> None:
+        self.script: deque[Reply] = deque(script)
+        """Replies still to give, in order."""
+        self.default = default
+        """The reply once the script has run out."""
         self.latency_s = latency_s
-        """Seconds each request sleeps before it is answered (in its own thread)."""
+        """Seconds each request waits before it is answered."""
         self.hold_until = hold_until
         """Hold every request until this many are in flight at once (0: do not hold): shows
         that a client overlaps its requests without measuring time."""
         self.hold_s = hold_s
-        """The longest a request is held; after one hold runs out no other is held (a deadline
-        that only catches a client that never overlaps)."""
+        """The longest a request is held (a hang guard); after one hold runs out no other is
+        held."""
         self.in_flight = 0
         self.max_in_flight = 0
         """The most chat completions being answered at one moment."""
         self._held_out = False
         self.requests = 0
-        """Chat completions answered since start or the last reset()."""
+        """Chat completions received since start or the last reset()."""
         self.bodies: list[dict[str, Any]] = []
         """Their request bodies, in arrival order."""
+        self.stopped = threading.Event()
+        """Set when the stub stops: ends latencies, holds and hanging replies."""
         self._lock = threading.Condition()
         self.server = ThreadingHTTPServer(
             ("127.0.0.1", port), _handler(self), bind_and_activate=False
@@ -223,11 +334,17 @@ class StubServer:
             self.requests = 0
             self.bodies = []
 
-    def record(self, body: dict[str, Any]) -> None:
-        """Count one chat completion (thread-safe)."""
+    def take(self, body: dict[str, Any]) -> Reply | None:
+        """Count one chat completion and pick its reply (thread-safe: bodies and replies keep
+        one order)."""
         with self._lock:
             self.requests += 1
             self.bodies.append(body)
+            return self.script.popleft() if self.script else self.default
+
+    def delay_s(self, body: Mapping[str, Any]) -> float:
+        """Seconds this request waits before its answer is sent."""
+        return self.latency_s
 
     def enter(self) -> None:
         """One more request in flight; with `hold_until`, wait for the others to arrive."""
@@ -237,7 +354,8 @@ class StubServer:
             self._lock.notify_all()
             if self.hold_until and not self._held_out:
                 arrived = self._lock.wait_for(
-                    lambda: self.max_in_flight >= self.hold_until, timeout=self.hold_s
+                    lambda: self.max_in_flight >= self.hold_until or self.stopped.is_set(),
+                    timeout=self.hold_s,
                 )
                 self._held_out = self._held_out or not arrived
 
@@ -253,10 +371,13 @@ class StubServer:
         return self
 
     def stop(self) -> None:
-        """Stop serving and close the socket."""
+        """Release every waiting request, stop serving and close the socket."""
+        self.stopped.set()
+        with self._lock:
+            self._lock.notify_all()
         if self._thread is not None:
             self.server.shutdown()
-            self._thread.join(timeout=10)
+            self._thread.join()
             self._thread = None
         self.server.server_close()
 
@@ -269,10 +390,19 @@ class StubServer:
 
 def send_json(handler: BaseHTTPRequestHandler, status: int, payload: Any) -> None:
     """Answer a request with a JSON body."""
-    data = json.dumps(payload).encode()
-    handler.send_response(status)
+    send(handler, Response(status, payload))
+
+
+def send(handler: BaseHTTPRequestHandler, response: Response) -> None:
+    """Write a response: its status, headers and JSON body (half of it when cut)."""
+    data = json.dumps(response.payload).encode()
+    if response.cut:
+        data = data[: len(data) // 2]
+    handler.send_response(response.status)
     handler.send_header("content-type", "application/json")
     handler.send_header("content-length", str(len(data)))
+    for name, value in response.headers.items():
+        handler.send_header(name, value)
     handler.end_headers()
     handler.wfile.write(data)
 
@@ -311,12 +441,18 @@ def _handler(stub: StubServer) -> type[BaseHTTPRequestHandler]:
             if body.get("stream"):
                 self._send(400, {"error": {"message": "the stub does not stream"}})
                 return
-            stub.record(body)
+            reply = stub.take(body)
+            response = respond(body, reply, self.headers.get("authorization", ""))
             stub.enter()
             try:
-                if stub.latency_s > 0:
-                    time.sleep(stub.latency_s)
-                self._send(200, answer(body))
+                delay = stub.delay_s(body)
+                if delay > 0:
+                    stub.stopped.wait(delay)
+                if response.hang:
+                    stub.stopped.wait()
+                    self.close_connection = True
+                    return
+                send(self, response)
             finally:
                 stub.leave()
 

@@ -137,7 +137,7 @@ def test_the_sweep_runs_on_ray_against_both_servers_and_everything_stops(tmp_pat
         assert not (tmp_path / "demo" / "store").exists()
     finally:
         process.send_signal(signal.SIGINT)
-        code = process.wait(timeout=300)
+        code = process.wait(timeout=DEADLINE_S)
     output = log.read_text()
     assert code == 0, output
     assert "stopped everything this demo started" in output

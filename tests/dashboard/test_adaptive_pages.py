@@ -15,7 +15,7 @@ from experiments.results.tracking import TABLE, mlflow
 from experiments.scoring.oracle import oracle_routing
 from tests.conftest import FIXTURE_BOOKS
 from tests.dashboard.conftest import Store
-from tests.dashboard.test_app import PAGES, open_page, texts
+from tests.dashboard.test_app import HANG_S, PAGES, open_page, texts
 
 IMPOSSIBLE = "How much does a dragon saddle cost in the Pebble Saga?"
 """No passage answers it: in auto mode adaptive goes deeper after its first round."""
@@ -47,7 +47,7 @@ def ask(at: AppTest, power: str, question: str = IMPOSSIBLE) -> pd.DataFrame:
     at.button(key="ask_new").click().run()
     at.radio(key="ask_power").set_value(power)
     at.text_area(key="ask_question").set_value(question)
-    at.button(key="ask_go").click().run(timeout=180)
+    at.button(key="ask_go").click().run(timeout=HANG_S)
     assert not at.exception and not at.error, [e.value for e in at.error]
     assert "Decision log" in [s.value for s in at.subheader]
     return at.table[0].value

@@ -18,11 +18,12 @@ from tests.dashboard.test_browser import (
     TEXT_TIMEOUT_MS,
     dashboard_server,
     settle,
+    shown,
     visit,
 )
 
 pytestmark = pytest.mark.browser
-ANSWER_TIMEOUT_MS = 180_000
+ANSWER_TIMEOUT_MS = 600_000
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,7 @@ def app(server: str, browser: Browser) -> str:
 def open_page(browser: Browser, url: str, wait_for: str) -> Page:
     """A page of the app (shown inside app.py's navigation, whose sidebar has 'Reload runs')."""
     page = visit(browser, url, wait_for, height=2400)
-    assert page.get_by_role("button", name="Reload runs").is_visible()
+    shown(page.get_by_role("button", name="Reload runs"))
     return page
 
 
@@ -122,7 +123,7 @@ def test_ask_page_runs_adaptive_at_each_power(app: str, browser: Browser) -> Non
     assert len(auto) >= 2 and depths == sorted(depths) and depths[-1] > depths[0], auto
     assert [r[0] for r in auto] == [str(n) for n in range(1, len(auto) + 1)]  # the rounds
     assert all(r[-1] != "forced_depth" for r in auto) and re.fullmatch(r"\d+%", auto[0][3])
-    assert page.get_by_text("below the").first.is_visible()
+    shown(page.get_by_text("below the").first)
     page.screenshot(path=str(SHOTS / "dashboard-ask-adaptive.png"), full_page=True)
 
 
@@ -135,11 +136,11 @@ def test_savings_and_deeper_questions_open_their_trace(
     saved = page.locator("[data-testid='stMetric']").filter(has_text="Prompt tokens saved")
     assert re.search(r"-?\d+\.\d%", saved.first.inner_text())
     deep = routing_store.runs["deep"][:8]
-    assert page.get_by_text(f"[{deep}] (adaptive, power 3; selected)").is_visible()
+    shown(page.get_by_text(f"[{deep}] (adaptive, power 3; selected)"))
     totals = r"\d+\.\d% (fewer|more) prompt tokens · totals: adaptive [\d,]+, always deep [\d,]+"
-    assert page.get_by_text(re.compile(totals)).is_visible()
+    shown(page.get_by_text(re.compile(totals)))
     grid = page.locator("[data-testid='stDataFrame']").first
-    assert grid.is_visible()
+    shown(grid)
     select(page, "Trace of", "t-ua-1")
     page.get_by_text("Rounds of t-ua-1").wait_for(timeout=TEXT_TIMEOUT_MS)
     rounds = rows(page.locator("[data-testid='stTable']").filter(has_text="increase_depth").first)
@@ -153,9 +154,9 @@ def test_savings_and_deeper_questions_open_their_trace(
     page.get_by_role("button", name="Open in the Trace viewer").click()
     page.get_by_role("heading", name="Trace viewer").wait_for(timeout=TEXT_TIMEOUT_MS)
     settle(page)
-    assert page.get_by_text(routing_store.runs["auto"]).first.is_visible()
-    assert page.get_by_text(f"Question: {IMPOSSIBLE}").first.is_visible()
-    assert page.get_by_text("Hop 2").first.is_visible()
+    shown(page.get_by_text(routing_store.runs["auto"]).first)
+    shown(page.get_by_text(f"Question: {IMPOSSIBLE}").first)
+    shown(page.get_by_text("Hop 2").first)
 
 
 def test_oracle_router_beside_each_strategy(
@@ -168,9 +169,9 @@ def test_oracle_router_beside_each_strategy(
     assert re.search(r"[\d,]+ tokens at gold-passage recall@k \d\.\d{3}", router.inner_text())
     table = page.locator("[data-testid='stDataFrame']").filter(has_text="oracle").first
     table.scroll_into_view_if_needed()
-    assert table.is_visible()
+    shown(table)
     chart = page.locator(".js-plotly-plot").last
-    assert chart.get_by_text("total tokens").first.is_visible()
+    shown(chart.get_by_text("total tokens").first)
     page.locator("[data-testid='stRadio']").filter(has_text="Cost counted").get_by_text(
         "cost", exact=True
     ).click()

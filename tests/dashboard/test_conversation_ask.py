@@ -12,7 +12,7 @@ from tests.browsers import launch_chromium
 from tests.dashboard.test_browser import SHOTS, choose, dashboard_server, settle
 
 pytestmark = pytest.mark.browser
-WAIT_MS = 180_000  # only catches a hang: the machine is shared
+WAIT_MS = 600_000  # only catches a hang: the machine is shared
 
 
 def ask(page: Page, question: str, turns: int) -> None:

@@ -20,6 +20,7 @@ from tests.dashboard.test_browser import (
     TEXT_TIMEOUT_MS,
     dashboard_server,
     settle,
+    shown,
     visit,
 )
 
@@ -70,9 +71,9 @@ def test_a_link_opens_the_regressions_view_and_the_traces(
     url = f"{server}/regressions?a={a}&b={b}&metric=recall_at_k&set=cross_book"
     page = visit(browser, url, "Run A (before)", height=2400)
     # the server's first visit is this link: the page still runs inside the app's navigation
-    assert page.get_by_role("link", name="Trace viewer").is_visible()
+    shown(page.get_by_role("link", name="Trace viewer"))
     assert shown_counts(page) == reg.counts(cross)
-    assert page.get_by_text(f"{len(cross)} of the {len(frame)} questions").is_visible()
+    shown(page.get_by_text(f"{len(cross)} of the {len(frame)} questions"))
     assert shoot(page, "regressions-cross_book").stat().st_size > 10_000
 
     # the page keeps its state in the URL: a reload shows the same view
@@ -92,7 +93,7 @@ def test_a_link_opens_the_regressions_view_and_the_traces(
     again = visit(browser, copied, "Run A (before)", height=2400)
     assert shown_counts(again) == reg.counts(cross)
     picked = reg.filtered(cross, changes=[wanted])
-    assert again.get_by_text(f"{len(picked)} shown").is_visible()
+    shown(again.get_by_text(f"{len(picked)} shown"))
 
     # export the questions shown and load them with the project's loader
     with again.expect_download() as download:
@@ -112,9 +113,9 @@ def test_a_link_opens_the_regressions_view_and_the_traces(
     settle(trace)
     query = parse_qs(urlparse(trace.url).query)
     assert query["run"] == [b] and query["question"] == [first]
-    assert trace.get_by_text(b).first.is_visible()
+    shown(trace.get_by_text(b).first)
     text = str(picked.set_index("question_id").loc[first, "question"])
-    assert trace.get_by_text(text[:40], exact=False).first.is_visible()
+    shown(trace.get_by_text(text[:40], exact=False).first)
     assert shoot(trace, "trace-from-link").stat().st_size > 10_000
 
 
@@ -125,7 +126,7 @@ def test_runs_and_compare_read_their_runs_from_the_url(
 ) -> None:
     hop = harness_store.runs["multi-hop"]
     page = visit(browser, f"{server}/?runs={hop}", "Selected: ")
-    assert page.get_by_text("Selected: default:multi-hop:", exact=False).is_visible()
+    shown(page.get_by_text("Selected: default:multi-hop:", exact=False))
     assert parse_qs(urlparse(page.url).query)["runs"] == [hop]
     page = visit(browser, f"{server}/compare?runs={hop}", "Choose two or more runs")
     chosen = page.locator("[data-testid='stMultiSelect'] [data-tag]:visible")

@@ -14,7 +14,8 @@ from experiments.results.tracking import TABLE, mlflow, use_experiment
 from experiments.scoring.significance import compare_runs, table_rows
 from tests.dashboard.conftest import Store
 from tests.dashboard.test_app import open_page, texts
-from tests.unit.test_significance import TAGS, synthetic_pair
+from tests.integration.test_compare_cli import TAGS
+from tests.unit.test_significance import synthetic_pair
 
 REGRESSIONS = "views/regressions.py"
 CI = re.compile(r"^\[-?\$?\d+\.\d+, -?\$?\d+\.\d+\]$")  # cost: "[-$0.012, $0.030]"

@@ -16,6 +16,7 @@ from tests.dashboard.test_browser import (
     TEXT_TIMEOUT_MS,
     dashboard_server,
     settle,
+    shown,
 )
 
 pytestmark = pytest.mark.browser
@@ -105,12 +106,12 @@ def test_compare_sliced_to_cross_book(
 ) -> None:
     page = wide(browser, f"{app}/compare", "Cost vs quality", height=3000)
     table = page.locator("[data-testid='stTable']").first
-    assert table.get_by_text("correct refusal (unanswerable)").is_visible()
+    shown(table.get_by_text("correct refusal (unanswerable)"))
     page.get_by_text("By question set").click()
     page.get_by_text("question set cross_book", exact=False).first.wait_for()
     settle(page)
     table = page.locator("[data-testid='stTable']").first
-    assert table.get_by_text("gold-passage recall@k").is_visible()
+    shown(table.get_by_text("gold-passage recall@k"))
     # no unanswerable question is in cross_book: the refusal row is gone
     assert table.get_by_text("correct refusal (unanswerable)").count() == 0
     run_id = routing_store.runs["single"]
@@ -122,7 +123,7 @@ def test_compare_sliced_to_cross_book(
     column = next(i for i, h in enumerate(header) if run_id[:8] in h)
     prompt = table.locator("tbody tr").filter(has_text="prompt tokens").first
     assert prompt.locator("th, td").nth(column).inner_text().strip() == expected
-    assert page.locator(".js-plotly-plot").first.is_visible()
+    shown(page.locator(".js-plotly-plot").first)
     shoot(page, "compare-cross_book")
     # the slice is in the address: a copied link opens the same slice
     assert "by=set" in page.url and "slice=cross_book" in page.url, page.url

@@ -18,6 +18,6 @@ def test_concurrent_conversations_do_not_cross_talk(tmp_path: Path) -> None:
         "CAPRAG_CHROMA_DIR": str(tmp_path / "store"),
         "CAPRAG_K": "2",
     }
-    result = run_load(3, 4, env=env, timeout_s=300)
+    result = run_load(3, 4, env=env, timeout_s=600)
     assert result.requests == 12
     assert result.errors == [] and result.cross_talk == [] and result.unresolved == []

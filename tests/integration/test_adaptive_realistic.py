@@ -9,14 +9,16 @@ from caprag.steps import rule_steps
 from caprag.store import PassageIndex
 from caprag.strategies import AdaptiveDepthStrategy
 from experiments.results.questions import QUESTIONS_DIR, load_questions
+from tests.fakes import ManualClock
 
 pytestmark = pytest.mark.slow
 
 
 def strategy(index: PassageIndex, stop_when_unchanged: bool = False) -> AdaptiveDepthStrategy:
-    # A generous timeout: these tests are about depth, not about a loaded CI machine.
+    # A clock that never moves: these tests are about depth, and a loaded machine cannot cut a
+    # deeper search short.
     return AdaptiveDepthStrategy(
-        index, rule_steps(), timeout_s=60.0, stop_when_unchanged=stop_when_unchanged
+        index, rule_steps(), clock=ManualClock(), stop_when_unchanged=stop_when_unchanged
     )
 
 

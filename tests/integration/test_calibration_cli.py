@@ -8,18 +8,18 @@ import pytest
 import yaml
 
 from caprag.steps.assess import Calibration
-from experiments.cli import calibration
-from experiments.scoring import calibration as scoring
+from experiments.cli import calibration as cli
+from experiments.scoring import calibration
 from tests.integration.test_harness import fixture_overrides
 
 
 def test_fit_writes_a_calibration_and_check_says_where_it_was_fitted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    for module in (calibration, scoring):  # the CLI writes there, scoring.load reads there
+    for module in (cli, calibration):  # where the CLI saves, and where load() reads
         monkeypatch.setattr(module, "CALIBRATIONS", tmp_path / "calibration")
     overrides = [*fixture_overrides(tmp_path), "strategy.depth_chunks=[2,4,8]"]
-    assert calibration.main(["fit", "fixture", "dataset=all", *overrides]) == 0
+    assert cli.main(["fit", "fixture", "dataset=all", *overrides]) == 0
     saved = yaml.safe_load((tmp_path / "calibration" / "fixture.yaml").read_text())
     fitted = Calibration.from_config(saved)
     assert fitted is not None and set(fitted.weights) == set(calibration.FEATURES)
@@ -27,10 +27,10 @@ def test_fit_writes_a_calibration_and_check_says_where_it_was_fitted(
     out = capsys.readouterr().out
     assert "(fitted on it: in-sample): 24 rows" in out  # 8 answerable turns x 3 depths
 
-    assert calibration.main(["check", "fixture", "dataset=all", *overrides]) == 0
+    assert cli.main(["check", "fixture", "dataset=all", *overrides]) == 0
     assert "all (IN-SAMPLE: fitted on this dataset)" in capsys.readouterr().out
-    assert calibration.main(["check", "fixture", "dataset=single_book", *overrides]) == 0
+    assert cli.main(["check", "fixture", "dataset=single_book", *overrides]) == 0
     out = capsys.readouterr().out
     assert "single_book (held out)" in out and "single_book depth 3" in out
     with pytest.raises(FileNotFoundError, match="no calibration 'missing'"):
-        calibration.main(["check", "missing", "dataset=all", *overrides])
+        cli.main(["check", "missing", "dataset=all", *overrides])

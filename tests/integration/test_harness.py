@@ -171,7 +171,7 @@ def run_cli(*args: str, cwd: Path = PROJECT_ROOT) -> subprocess.CompletedProcess
         capture_output=True,
         text=True,
         cwd=cwd,
-        timeout=300,
+        timeout=600,
         env={"PATH": "/usr/bin:/bin"},
     )
 
@@ -218,6 +218,7 @@ def test_sweep_makes_a_parent_run_with_a_child_per_config(launcher: str, tmp_pat
         *fixture_overrides(tmp_path),
         "strategy=multi-hop,multi-question",
         "dataset=single_book",
+        "pipeline.history_pairs=10",  # set, not swept: the parent's name leaves it out
         "tracking.traces=false",
         "experiment.ragas=false",
         f"hydra/launcher={launcher}",
@@ -229,6 +230,8 @@ def test_sweep_makes_a_parent_run_with_a_child_per_config(launcher: str, tmp_pat
     parents = [r for r in runs if r.data.tags.get("caprag.role") == "sweep"]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
     assert len(parents) == 1
+    # The parent run names what the sweep varies, as typed, and the dataset.
+    assert parents[0].info.run_name == "sweep strategy=multi-hop,multi-question · single_book"
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
     assert sorted(c.data.tags["caprag.strategy"] for c in children) == [
         "multi-hop",

@@ -41,7 +41,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         cwd=PROJECT_ROOT,
-        timeout=120,
+        timeout=600,
     )
 
 

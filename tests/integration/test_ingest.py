@@ -77,7 +77,7 @@ def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]
         capture_output=True,
         text=True,
         env={"PATH": "/usr/bin:/bin", **env},
-        timeout=300,
+        timeout=600,
     )
 
 

@@ -14,11 +14,12 @@ from caprag.llm import StepFailedError, build_openai_client
 from caprag.services import Pipeline, build_pipeline
 from caprag.store import PassageIndex
 from caprag.strategies import MultiHopStrategy
+from experiments.perf.openai_stub import StubServer
 from tests.fakes import FLURRY as DOC
-from tests.fakes import OpenAIStub, openai_steps
+from tests.fakes import openai_steps
 
 
-def llm_for(stub: OpenAIStub, **kwargs: object):  # type: ignore[no-untyped-def]
+def llm_for(stub: StubServer, **kwargs: object):  # type: ignore[no-untyped-def]
     return openai_steps(
         "gpt-4o-mini",
         api_key="test-key",
@@ -34,7 +35,7 @@ def request_messages(body: dict[str, Any]) -> list[dict[str, str]]:
 
 async def test_structured_decision_is_parsed_and_usage_recorded() -> None:
     args = {"sufficient": False, "new_queries": ["Old Soldier (Gifts, p. 7)"], "reasoning": "ref"}
-    with OpenAIStub(
+    with StubServer(
         [{"args": args, "usage": {"prompt_tokens": 120, "completion_tokens": 30}}]
     ) as stub:
         result = await llm_for(stub).analyze("Flurry penalty?", [DOC], ["Flurry penalty?"])
@@ -44,28 +45,28 @@ async def test_structured_decision_is_parsed_and_usage_recorded() -> None:
     assert result.usage.counted == "reported"
     assert result.usage.cost_usd == pytest.approx((120 * 0.15 + 30 * 0.60) / 1e6)
     assert result.usage.prompt_version == "analyze-v2"
-    assert result.usage.messages == request_messages(stub.requests[0])
+    assert result.usage.messages == request_messages(stub.bodies[0])
     assert result.usage.reply and "Old Soldier (Gifts, p. 7)" in result.usage.reply
-    request = stub.requests[0]
+    request = stub.bodies[0]
     assert request["tools"][0]["function"]["name"] == "SufficiencyDecision"
     assert request["max_tokens"] == 512  # the output cap every server honours
     assert "Old Soldier (Gifts, p. 7)" in request["messages"][1]["content"]
 
 
 async def test_malformed_answer_raises_named_error_after_retries() -> None:
-    with OpenAIStub(default={"malformed": "{not json"}) as stub:
+    with StubServer(default={"malformed": "{not json"}) as stub:
         llm = llm_for(stub, parse_attempts=3)
         with pytest.raises(StructuredOutputError, match="GeneratedAnswer after 3 attempt") as err:
             await llm.generate("q", [DOC])
-    assert len(stub.requests) == 3
+    assert stub.requests == 3
     assert isinstance(err.value, StepFailedError) and err.value.usage.attempts == 3
 
 
 async def test_analysis_breaking_the_schema_stops_the_hops_and_is_recorded() -> None:
     bad = {"args": {"sufficient": "maybe", "new_queries": "x"}}
-    with OpenAIStub(default=bad) as stub:
+    with StubServer(default=bad) as stub:
         result = await llm_for(stub, parse_attempts=2).analyze("q", [DOC], ["q"])
-    assert len(stub.requests) == 2
+    assert stub.requests == 2
     assert result.value.sufficient and result.value.new_queries == []
     assert "could not be used" in result.value.reasoning
     assert result.usage is not None and result.usage.attempts == 2
@@ -76,13 +77,13 @@ async def test_a_json_schema_reply_cut_at_the_cap_is_retried_then_recorded() -> 
     cut = {"content": '{"sufficient": false, "new_queries": ["Old', "finish": "length"}
     cut["usage"] = {"prompt_tokens": 50, "completion_tokens": 16}
     ok = {"content": '{"sufficient": true, "new_queries": [], "reasoning": "done"}'}
-    with OpenAIStub([cut, ok]) as stub:
+    with StubServer([cut, ok], default=None) as stub:
         steps = llm_for(stub, structured_method="json_schema", max_output_tokens=16)
         result = await steps.analyze("q", [DOC], ["q"])
-    assert stub.requests[0]["response_format"]["type"] == "json_schema"
+    assert stub.bodies[0]["response_format"]["type"] == "json_schema"
     assert result.value.sufficient and result.usage is not None
     assert result.usage.attempts == 2 and result.usage.prompt_tokens == 50 + 42
-    with OpenAIStub(default=cut) as stub:
+    with StubServer(default=cut) as stub:
         steps = llm_for(stub, structured_method="json_schema", parse_attempts=2)
         failed = await steps.analyze("q", [DOC], ["q"])
     assert failed.usage is not None and failed.usage.error is not None
@@ -93,10 +94,10 @@ async def test_a_json_schema_reply_cut_at_the_cap_is_retried_then_recorded() -> 
 async def test_a_json_schema_reply_breaking_the_schema_is_recorded_not_raised() -> None:
     """Seen with SmolLM2 on llama.cpp: a confidence of -1 once failed the whole question."""
     bad = {"content": '{"confidence": -1.0, "reasoning": "", "missing_info": []}'}
-    with OpenAIStub(default=bad) as stub:
+    with StubServer(default=bad) as stub:
         steps = llm_for(stub, structured_method="json_schema", parse_attempts=2)
         result = await steps.assess("q", [DOC])
-    assert len(stub.requests) == 2
+    assert stub.requests == 2
     assert result.value.confidence == 0.0  # the documented fallback: deepen
     assert result.usage is not None and result.usage.error is not None
     assert "greater than or equal to 0" in result.usage.error
@@ -107,7 +108,7 @@ async def test_a_turn_whose_answer_is_unusable_keeps_its_retrieval(
     fixture_index: PassageIndex,
 ) -> None:
     replies = [{"args": {"sufficient": True, "new_queries": []}}]
-    with OpenAIStub(replies, default={"malformed": "{not json"}) as stub:
+    with StubServer(replies, default={"malformed": "{not json"}) as stub:
         steps = llm_for(stub, parse_attempts=2)
         result = await Pipeline(MultiHopStrategy(fixture_index, steps, k=2), steps).ask(
             "What penalty does the second attack of a Flurry suffer?"
@@ -124,7 +125,7 @@ def test_the_api_says_why_a_turn_has_no_answer(fixture_index: PassageIndex) -> N
     from caprag.api import create_app
 
     replies = [{"args": {"sufficient": True, "new_queries": []}}]
-    with OpenAIStub(replies, default={"malformed": "{not json"}) as stub:
+    with StubServer(replies, default={"malformed": "{not json"}) as stub:
         steps = llm_for(stub, parse_attempts=1)
         app = create_app(Pipeline(MultiHopStrategy(fixture_index, steps, k=2), steps))
         with TestClient(app) as client:
@@ -138,20 +139,22 @@ def test_the_api_says_why_a_turn_has_no_answer(fixture_index: PassageIndex) -> N
 
 async def test_too_many_new_queries_are_cut_to_the_cap_and_noted() -> None:
     queries = [f"Rule {n} (Gifts, p. {n})" for n in range(1, 7)]
-    with OpenAIStub([{"args": {"sufficient": False, "new_queries": queries}}]) as stub:
+    with StubServer(
+        [{"args": {"sufficient": False, "new_queries": queries}}], default=None
+    ) as stub:
         result = await llm_for(stub).analyze("q", [DOC], ["q"])
     assert result.value.new_queries == queries[:3]
     assert result.usage is not None
     assert result.usage.notes == ["6 queries cut to 3: dropped " + "; ".join(queries[3:])]
-    assert "at most 3 new_queries" in stub.requests[0]["messages"][0]["content"]
+    assert "at most 3 new_queries" in stub.bodies[0]["messages"][0]["content"]
 
 
 async def test_server_errors_are_retried_with_backoff() -> None:
     ok = {"args": {"questions": ["Old Soldier"]}}
-    with OpenAIStub([{"status": 500}, {"status": 429}, ok]) as stub:
+    with StubServer([{"status": 500}, {"status": 429}, ok], default=None) as stub:
         result = await llm_for(stub, max_retries=3).expand("Flurry and veterans?", 3)
     assert result.value == ["Old Soldier"]
-    assert len(stub.requests) == 3
+    assert stub.requests == 3
 
 
 async def test_plain_text_rewrite_and_generate_over_http() -> None:
@@ -159,7 +162,7 @@ async def test_plain_text_rewrite_and_generate_over_http() -> None:
         {"content": "What does the Old Soldier gift cost?"},
         {"args": {"answer": "6 gift points.", "source_ids": ["fighting/flurry", "made/up"]}},
     ]
-    with OpenAIStub(replies) as stub:
+    with StubServer(replies, default=None) as stub:
         llm = llm_for(stub)
         rewritten = await llm.rewrite("what does it cost?", [("Tell me about Old Soldier", "...")])
         answer = await llm.generate("q", [DOC])
@@ -173,7 +176,7 @@ async def test_whole_pipeline_over_the_stub(fixture_index: PassageIndex) -> None
         {"args": {"sufficient": True, "new_queries": []}},
         {"args": {"answer": "-4, halved by Old Soldier.", "source_ids": ["fighting/flurry"]}},
     ]
-    with OpenAIStub(replies) as stub:
+    with StubServer(replies, default=None) as stub:
         llm = llm_for(stub)
         result = await Pipeline(MultiHopStrategy(fixture_index, llm, k=2), llm).ask(
             "What penalty does the second attack of a Flurry suffer?"
@@ -181,7 +184,7 @@ async def test_whole_pipeline_over_the_stub(fixture_index: PassageIndex) -> None
     assert result.hop_count == 2
     assert result.answer == "-4, halved by Old Soldier."
     assert result.prompt_tokens == 3 * 42
-    assert len(stub.requests) == 3
+    assert stub.requests == 3
 
 
 def test_missing_key_is_refused_before_any_question(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -201,7 +204,7 @@ def test_cli_missing_key_message_not_traceback(fixture_env: object) -> None:
         capture_output=True,
         text=True,
         env=env,
-        timeout=120,
+        timeout=600,
     )
     assert done.returncode == 2
     assert "error: CAPRAG_LLM=openai needs an API key" in done.stderr
@@ -211,7 +214,7 @@ def test_cli_missing_key_message_not_traceback(fixture_env: object) -> None:
 async def test_ragas_judge_goes_through_the_openai_compatible_endpoint() -> None:
     from experiments.scoring.judges import RagasJudge
 
-    with OpenAIStub(default={"fill_schema": "A torch burns for one hour."}) as stub:
+    with StubServer(default={"fill_schema": "A torch burns for one hour."}) as stub:
         judge = RagasJudge("judge-model", api_key="k", base_url=stub.base_url)
         values, missing = await judge.score(
             "How long does a torch burn?",
@@ -228,14 +231,14 @@ async def test_ragas_judge_goes_through_the_openai_compatible_endpoint() -> None
     }
     assert all(0.0 <= v <= 1.0 for v in values.values())
     assert values["judge_faithfulness"] == 1.0
-    assert {r["model"] for r in stub.requests} == {"judge-model"}
-    assert all(r["response_format"] == {"type": "json_object"} for r in stub.requests)
+    assert {r["model"] for r in stub.bodies} == {"judge-model"}
+    assert all(r["response_format"] == {"type": "json_object"} for r in stub.bodies)
 
 
 async def test_judge_failures_are_missing_with_reason_not_zero() -> None:
     from experiments.scoring.judges import RagasJudge
 
-    with OpenAIStub(default={"content": "{}"}) as stub:
+    with StubServer(default={"content": "{}"}) as stub:
         judge = RagasJudge("judge-model", api_key="k", base_url=stub.base_url)
         values, missing = await judge.score("q", "a", "r", ["c"], ["c"])
     assert values == {}

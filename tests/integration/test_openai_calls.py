@@ -16,7 +16,7 @@ from caprag.llm.client import LangChainCalls
 from caprag.llm.openai import OpenAICalls
 from caprag.steps.analyze import ANALYZE, SufficiencyDecision, prompt_values
 from caprag.steps.rewrite import REWRITE
-from tests.fakes import OpenAIStub
+from experiments.perf.openai_stub import StubServer
 
 GOOD_ARGS = {"args": {"sufficient": True, "new_queries": ["Old Soldier"], "reasoning": "ref"}}
 GOOD_JSON = {"content": '{"sufficient": false, "new_queries": ["Old Soldier"], "reasoning": "r"}'}
@@ -96,9 +96,9 @@ def outcome(call: Any) -> tuple[str, Any]:
 def played(
     script: list[dict[str, Any]], method: str, path: int, ask: Any
 ) -> tuple[tuple[str, Any], list[dict[str, Any]]]:
-    with OpenAIStub(script) as stub:
+    with StubServer(script, default=None) as stub:
         client = clients(stub.base_url, method)[path]
-        return outcome(ask(client)), stub.requests
+        return outcome(ask(client)), stub.bodies
 
 
 @pytest.mark.parametrize(("method", "script"), CASES)

@@ -1,4 +1,5 @@
-"""The unscripted OpenAI-protocol stub, driven through the real `openai` backend."""
+"""The OpenAI-protocol stub: unscripted, driven through the real `openai` backend; scripted, reply
+by reply; and its command line."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import asyncio
 import json
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -17,7 +20,10 @@ from caprag.steps.assess import ConfidenceAssessment
 from caprag.steps.classify import QueryClass
 from caprag.steps.generate import GeneratedAnswer
 from experiments.perf.openai_stub import StubServer, fill, fill_schema
-from tests.fakes import openai_steps
+from tests.fakes import openai_steps, serve
+
+HANG_S = 600  # only catches a hang; every request here is answered at once or on purpose never
+ASK = {"model": "m", "messages": [{"role": "user", "content": "Question: Why?"}]}
 
 DOCS = [
     Document(
@@ -41,8 +47,7 @@ DOCS = [
 
 @pytest.fixture
 def stub() -> Iterator[StubServer]:
-    with StubServer() as server:
-        yield server
+    yield from serve()
 
 
 async def test_every_backend_step_parses_and_costs_one_request(stub: StubServer) -> None:
@@ -88,7 +93,9 @@ async def test_concurrent_requests_overlap() -> None:
     # makes it slower.
     with StubServer(hold_until=16) as stub:
         limits = httpx.Limits(max_connections=16)
-        async with httpx.AsyncClient(base_url=stub.base_url, timeout=120, limits=limits) as client:
+        async with httpx.AsyncClient(
+            base_url=stub.base_url, timeout=HANG_S, limits=limits
+        ) as client:
             body = {"model": "m", "messages": [{"role": "user", "content": "Say hi"}]}
             replies = await asyncio.gather(
                 *(client.post("/chat/completions", json=body) for _ in range(16))
@@ -159,10 +166,65 @@ def test_cli_prints_its_url_and_serves_until_killed() -> None:
         reply = httpx.post(
             f"{base_url}/chat/completions",
             json={"model": "m", "messages": [{"role": "user", "content": "Question: Why?"}]},
-            timeout=10,
+            timeout=HANG_S,
         )
         assert reply.json()["choices"][0]["message"]["content"] == "Why?"
-        assert httpx.get(f"{base_url}/stats", timeout=10).json()["requests"] == 1
+        assert httpx.get(f"{base_url}/stats", timeout=HANG_S).json()["requests"] == 1
     finally:
         process.terminate()
-        process.wait(timeout=10)
+        process.wait(timeout=HANG_S)
+
+
+def test_a_script_is_played_in_order_then_the_default() -> None:
+    script = [{"content": "first"}, {"status": 429, "retry_after": 2}, {"cut_body": {"auto": True}}]
+    with StubServer(script, default=None) as stub, httpx.Client(timeout=HANG_S) as client:
+        url = f"{stub.base_url}/chat/completions"
+        first = client.post(url, json=ASK)
+        limited = client.post(url, json=ASK)
+        cut = client.post(url, json=ASK)
+        unforeseen = client.post(url, json=ASK)
+    assert first.json()["choices"][0]["message"]["content"] == "first"
+    assert first.json()["usage"] == {
+        "prompt_tokens": 42,
+        "completion_tokens": 7,
+        "total_tokens": 49,
+    }
+    assert (limited.status_code, limited.headers["retry-after"]) == (429, "2")
+    with pytest.raises(json.JSONDecodeError):
+        cut.json()
+    assert unforeseen.status_code == 500
+    assert unforeseen.json()["error"]["message"] == "stub has no scripted reply"
+    assert stub.requests == 4 and [b["model"] for b in stub.bodies] == ["m"] * 4
+
+
+def test_a_script_can_follow_with_automatic_replies_and_name_the_key() -> None:
+    with StubServer([{"status": 401, "echo_key": True}]) as stub:
+        headers = {"authorization": "Bearer sk-test"}
+        refused = httpx.post(
+            f"{stub.base_url}/chat/completions", json=ASK, headers=headers, timeout=HANG_S
+        )
+        answered = httpx.post(f"{stub.base_url}/chat/completions", json=ASK, timeout=HANG_S)
+    assert refused.json()["error"]["message"] == "Incorrect API key provided: Bearer sk-test"
+    assert answered.json()["choices"][0]["message"]["content"] == "Why?"
+
+
+def test_a_hanging_reply_waits_for_the_stop_not_for_a_clock() -> None:
+    stub = StubServer(default={"hang": True}, latency_s=3600).start()
+    outcome: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            httpx.post(f"{stub.base_url}/chat/completions", json=ASK, timeout=HANG_S)
+        except httpx.HTTPError as exc:
+            outcome.append(exc)
+
+    asking = threading.Thread(target=ask)
+    asking.start()
+    guard = time.monotonic() + HANG_S
+    while stub.in_flight < 1:  # a condition polled: the request arrived and waits
+        assert time.monotonic() < guard, "the request never reached the stub"
+        time.sleep(0.01)
+    stub.stop()  # ends the hour of latency and the hang at once
+    asking.join(HANG_S)
+    assert not asking.is_alive()
+    assert [type(e) for e in outcome] == [httpx.RemoteProtocolError]

@@ -14,6 +14,7 @@ from caprag.api import create_app
 from caprag.config import load_settings
 from caprag.services import build_pipeline
 from experiments.perf.openai_stub import StubServer
+from tests.fakes import serve
 
 PLACEHOLDER = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")
 FIRST = "What penalty does the second attack of a Flurry suffer?"
@@ -28,8 +29,7 @@ EXPECTED_STEPS = {
 
 @pytest.fixture
 def stub() -> Iterator[StubServer]:
-    with StubServer() as server:
-        yield server
+    yield from serve()
 
 
 def step_of(body: dict[str, object]) -> str:

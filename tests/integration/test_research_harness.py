@@ -22,6 +22,8 @@ from experiments.results.row import QuestionRow, rows_of
 from tests.conftest import FIXTURE_BOOKS
 from tests.integration.test_harness import FIXTURE_QUESTIONS, make_cfg
 
+HANG_S = 600  # only catches a hang
+
 pytestmark = pytest.mark.slow
 
 
@@ -183,12 +185,20 @@ def _harness_args(tmp: Path) -> list[str]:
         "experiment.ragas=false",
         "dataset=all",
         "experiment.concurrency=1",
-        "++llm._target_=tests.fakes.slow_steps",
-        "++llm.delay_s=1.0",
+        # The first run answers the 3 single-book questions, then stalls until killed; the
+        # resumed run (the same configuration) goes through once the test removed the hold.
+        "++llm._target_=tests.fakes.stalling_steps",
+        "++llm.answers=3",
+        f"++llm.hold={tmp / 'hold'}",
     ]
 
 
-def _harness(tmp: Path, *extra: str) -> subprocess.Popen[str]:
+def _harness(tmp: Path, *extra: str, hold: bool = True) -> subprocess.Popen[str]:
+    """The CLI in its own process; with `hold` it stalls after the single-book questions."""
+    if hold:
+        (tmp / "hold").touch()
+    else:
+        (tmp / "hold").unlink(missing_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
         [sys.executable, "-m", "experiments.run", *_harness_args(tmp), *extra],
@@ -201,14 +211,15 @@ def _harness(tmp: Path, *extra: str) -> subprocess.Popen[str]:
 
 
 def _wait_for_lines(folder: Path, lines: int, process: subprocess.Popen[str]) -> Path:
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
+    """Poll the journal until it holds `lines` cases (a hang guard bounds the wait)."""
+    guard = time.monotonic() + HANG_S
+    while time.monotonic() < guard:
         for file in folder.glob("*.jsonl"):
             if file.read_text().count("\n") >= lines:
                 return file
         assert process.poll() is None, "the run ended before it could be killed"
         time.sleep(0.1)
-    raise AssertionError("the run journaled nothing in 300 s")
+    raise AssertionError(f"the run journaled nothing in {HANG_S} s")
 
 
 def test_kill_9_then_resume_runs_every_question_exactly_once(tmp_path: Path) -> None:
@@ -216,7 +227,7 @@ def test_kill_9_then_resume_runs_every_question_exactly_once(tmp_path: Path) -> 
     first = _harness(tmp_path)
     journal = _wait_for_lines(tmp_path / "journals", 2, first)
     os.kill(first.pid, signal.SIGKILL)
-    first.wait(timeout=30)
+    first.wait(timeout=HANG_S)
     out_first = first.stdout.read() if first.stdout else ""
     assert first.returncode == -signal.SIGKILL
     run_id = journal.stem
@@ -226,12 +237,13 @@ def test_kill_9_then_resume_runs_every_question_exactly_once(tmp_path: Path) -> 
     assert mlflow.get_run(run_id).info.status == "RUNNING"
 
     # 2. Resume it by id: only the missing questions are asked, the run ends complete.
-    second = _harness(tmp_path, f"experiment.resume={run_id}")
-    out, _ = second.communicate(timeout=600)
+    second = _harness(tmp_path, f"experiment.resume={run_id}", hold=False)
+    out, _ = second.communicate(timeout=HANG_S)
     assert second.returncode == 0, out
     assert f"resuming run {run_id}" in out
     finished = mlflow.get_run(run_id)
     assert finished.info.status == "FINISHED"
+    mlflow.set_experiment(experiment_id=finished.info.experiment_id)  # load_table looks there
     table = mlflow.load_table("questions.json", run_ids=[run_id])
     ids = list(table["question_id"])
     assert len(ids) == len(set(ids)) == 9 == finished.data.metrics["questions"]
@@ -247,9 +259,9 @@ def test_resume_refuses_a_run_of_another_config(tmp_path: Path) -> None:
     first = _harness(tmp_path)
     journal = _wait_for_lines(tmp_path / "journals", 1, first)
     os.kill(first.pid, signal.SIGKILL)
-    first.wait(timeout=30)
-    other = _harness(tmp_path, f"experiment.resume={journal.stem}", "strategy=single")
-    out, _ = other.communicate(timeout=600)
+    first.wait(timeout=HANG_S)
+    other = _harness(tmp_path, f"experiment.resume={journal.stem}", "strategy=single", hold=False)
+    out, _ = other.communicate(timeout=HANG_S)
     assert other.returncode == 2
     assert "another configuration" in out and journal.stem in out
 

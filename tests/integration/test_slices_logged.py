@@ -8,9 +8,11 @@ from pathlib import Path
 
 import mlflow
 import pytest
+from mlflow.utils.validation import validate_param_and_metric_name
 
 from experiments.cli import report, summary
 from experiments.harness.run import run
+from experiments.results.slices import metric_name
 from tests.integration.test_harness import make_cfg
 
 
@@ -78,3 +80,10 @@ def test_report_and_summary_break_runs_down(
     assert summary.main(ids) == 0
     printed = capsys.readouterr().out
     assert "## By question set" in printed and "## By question type" in printed
+
+
+def test_slice_names_of_odd_set_names_are_valid_mlflow_metric_names() -> None:
+    for odd in ("a=b", "..", "x/y", "über set", ""):
+        name = metric_name("f1", "set", odd)
+        assert validate_param_and_metric_name(name) and ":" not in name, name
+        assert name.count("/") == 1

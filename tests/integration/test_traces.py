@@ -269,7 +269,7 @@ def test_a_writer_that_dies_mid_run_with_rows_queued_does_not_hold_the_harness(
         cwd=PROJECT_ROOT,
         capture_output=True,
         text=True,
-        timeout=300,  # only catches a harness that never exits
+        timeout=600,  # only catches a harness that never exits
     )
     assert done.returncode == 0, done.stderr
     assert "traces 150" in done.stdout

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from caprag.__main__ import main
 from tests.conftest import FIXTURE_BOOKS
 
-HANG_S = 120  # only catches a hang (the bug: a process that never exits); a call takes seconds
+HANG_S = 600  # only catches a hang (the bug: a process that never exits); a call takes seconds
 
 
 @pytest.fixture(scope="module")
@@ -22,13 +23,18 @@ def index_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("cli-index")
 
 
-def ask(workdir: Path, index_dir: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """`python -m caprag ask ARGS` in `workdir` (where its default store lives)."""
-    settings = {
+def settings_for(index_dir: Path) -> dict[str, str]:
+    """The fixture books, the shared store and k=2."""
+    return {
         "CAPRAG_CORPUS": str(FIXTURE_BOOKS),
         "CAPRAG_CHROMA_DIR": str(index_dir),
         "CAPRAG_K": "2",
     }
+
+
+def ask(workdir: Path, index_dir: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """`python -m caprag ask ARGS` in `workdir` (where its default store lives)."""
+    settings = settings_for(index_dir)
     defaults = ("CAPRAG_CHECKPOINTER", "CAPRAG_DECISION_LOG")  # their files in `workdir`
     inherited = {k: v for k, v in os.environ.items() if k not in defaults}
     return subprocess.run(
@@ -98,9 +104,23 @@ def test_an_explicit_sqlite_store_lets_the_process_exit(tmp_path: Path, index_di
     ids=["empty", "blank", "zero-width", "too-long", "blank-thread", "k", "checkpointer", "store"],
 )
 def test_bad_input_is_one_error_line_and_exit_2(
-    args: tuple[str, ...], env: dict[str, str], said: str, tmp_path: Path, index_dir: Path
+    args: tuple[str, ...],
+    env: dict[str, str],
+    said: str,
+    tmp_path: Path,
+    index_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    done = ask(tmp_path, index_dir, *args, **env)
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert done.stderr.count("\n") == 1 and said in done.stderr, done.stderr
-    assert done.stdout == ""
+    # In this process: the entry point's main() is what `python -m caprag` exits with, and the
+    # tests above already pay for the interpreter and its imports in processes of their own.
+    monkeypatch.chdir(tmp_path)
+    for key in ("CAPRAG_CHECKPOINTER", "CAPRAG_DECISION_LOG"):  # their files in tmp_path
+        monkeypatch.delenv(key, raising=False)
+    for key, value in {**settings_for(index_dir), **env}.items():
+        monkeypatch.setenv(key, value)
+    code = main(["ask", *args])
+    out, err = capsys.readouterr()
+    assert code == 2, out + err
+    assert err.count("\n") == 1 and said in err, err
+    assert out == ""

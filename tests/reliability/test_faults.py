@@ -28,8 +28,9 @@ from caprag.services import Pipeline
 from caprag.steps.analyze import ANALYZE, SufficiencyDecision, prompt_values
 from caprag.store import PassageIndex
 from caprag.strategies import STRATEGIES
+from experiments.perf.openai_stub import StubServer
 from tests.conftest import FIXTURE_BOOKS
-from tests.fakes import OpenAIStub, openai_steps
+from tests.fakes import openai_steps
 
 FIXTURE_QUESTIONS = Path(__file__).parents[1] / "fixtures" / "questions"
 GOOD = {"args": {"sufficient": True, "new_queries": [], "reasoning": "enough"}}
@@ -62,17 +63,17 @@ def good(method: str) -> dict[str, object]:
 def test_an_unreadable_reply_is_retried_like_any_unparseable_one(
     method: str, fault: dict[str, object]
 ) -> None:
-    with OpenAIStub([fault], default=good(method)) as stub:
+    with StubServer([fault], default=good(method)) as stub:
         decision, usage = analyze(stub.base_url, method)
     assert decision.sufficient
     assert usage.attempts == 2  # type: ignore[attr-defined]
-    assert len(stub.requests) == 2
+    assert stub.requests == 2
 
 
 def test_unreadable_on_every_attempt_is_a_recorded_step_failure_not_an_endpoint_error() -> None:
-    with OpenAIStub(default={"empty_choices": True}) as stub, pytest.raises(StepFailedError) as e:
+    with StubServer(default={"empty_choices": True}) as stub, pytest.raises(StepFailedError) as e:
         analyze(stub.base_url, "function_calling")
-    assert len(stub.requests) == 3
+    assert stub.requests == 3
     assert e.value.usage.attempts == 3
     assert "unreadable reply" in (e.value.usage.error or "")
 
@@ -81,7 +82,7 @@ def test_faulty_replies_no_longer_fail_questions(fixture_index: PassageIndex) ->
     """Every other reply faulty (cut bodies and empty choices): each question still answered."""
     faults = [{"cut_body": GOOD}, {"empty_choices": True}] * 6
     replies = [r for fault in faults for r in (fault, {"fill_tool": "Rapid Strike"})]
-    with OpenAIStub(replies, default={"fill_tool": "Rapid Strike"}) as stub:
+    with StubServer(replies, default={"fill_tool": "Rapid Strike"}) as stub:
         steps = openai_steps(api_key="k", base_url=stub.base_url)
         pipeline = Pipeline(STRATEGIES["multi-hop"](fixture_index, steps, k=2), steps)
         results = [
@@ -93,7 +94,7 @@ def test_faulty_replies_no_longer_fail_questions(fixture_index: PassageIndex) ->
 
 
 def test_a_hung_endpoint_is_a_timeout_within_the_bound_not_a_hang() -> None:
-    with OpenAIStub(default={"hang": True}) as stub, pytest.raises(LLMTimeoutError) as e:
+    with StubServer(default={"hang": True}) as stub, pytest.raises(LLMTimeoutError) as e:
         analyze(stub.base_url, "function_calling", timeout_s=0.5)
     assert "did not finish" in str(e.value)
     assert isinstance(e.value, LLMCallError)
@@ -101,7 +102,7 @@ def test_a_hung_endpoint_is_a_timeout_within_the_bound_not_a_hang() -> None:
 
 def test_a_provider_error_that_echoes_the_key_does_not_carry_it() -> None:
     canary = "sk-canary-0123456789abcdefghij"
-    with OpenAIStub(default={"status": 401, "echo_key": True}) as stub:
+    with StubServer(default={"status": 401, "echo_key": True}) as stub:
         llm = build_openai_client("m", api_key=canary, base_url=stub.base_url, max_retries=0)
         values = prompt_values("q", [], [], 3)
         with pytest.raises(LLMCallError) as e:
@@ -203,11 +204,11 @@ def test_kill_9_while_writing_traces_then_resume_gives_one_trace_per_question(
 def test_a_plain_text_call_retries_an_unreadable_reply() -> None:
     from caprag.steps.rewrite import REWRITE
 
-    with OpenAIStub([{"empty_choices": True}], default={"content": "standalone"}) as stub:
+    with StubServer([{"empty_choices": True}], default={"content": "standalone"}) as stub:
         llm = build_openai_client("m", api_key="k", base_url=stub.base_url, max_retries=0)
         text, _usage = asyncio.run(llm.text("rewrite", REWRITE, question="q", history="h"))
     assert text == "standalone"
-    assert len(stub.requests) == 2
+    assert stub.requests == 2
 
 
 def test_a_hung_endpoint_answers_504_from_the_api_within_the_configured_bound(
@@ -222,7 +223,7 @@ def test_a_hung_endpoint_answers_504_from_the_api_within_the_configured_bound(
 
     monkeypatch.setenv("OPENAI_API_KEY", "test-key")
     monkeypatch.setenv("CAPRAG_LLM_TIMEOUT_S", "0.5")
-    with OpenAIStub(default={"hang": True}) as stub:
+    with StubServer(default={"hang": True}) as stub:
         steps = steps_from_settings(load_settings(llm="openai", openai_base_url=stub.base_url))
         app = create_app(Pipeline(STRATEGIES["single"](fixture_index, steps, k=2), steps))
         with TestClient(app) as client:

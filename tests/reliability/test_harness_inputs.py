@@ -54,7 +54,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         cwd=PROJECT_ROOT,
-        timeout=300,
+        timeout=600,
         env={"PATH": "/usr/bin:/bin"},
     )
 

@@ -126,7 +126,7 @@ def test_the_cli_prints_the_table_and_exits_1_when_time_runs_out(tmp_path: Path)
         capture_output=True,
         text=True,
         cwd=PROJECT_ROOT,
-        timeout=300,
+        timeout=600,
         env={
             "PATH": "/usr/bin:/bin",
             "CAPRAG_CORPUS": str(FIXTURE_BOOKS),
@@ -149,7 +149,7 @@ def test_the_cli_refuses_a_timeout_that_is_not_positive() -> None:
         capture_output=True,
         text=True,
         cwd=PROJECT_ROOT,
-        timeout=120,
+        timeout=600,
         env={"PATH": "/usr/bin:/bin"},
     )
     assert done.returncode == 2

@@ -29,7 +29,7 @@ from caprag.strategies import AdaptiveDepthStrategy
 from tests.reliability.test_serving import api
 
 T = TypeVar("T")
-HANG_S = 120  # only catches a hang; each turn here is scripted
+HANG_S = 600  # only catches a hang; each turn here is scripted
 LIMIT_S = 5.0
 QUESTION = "How long does a torch burn?"
 

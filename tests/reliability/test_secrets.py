@@ -25,8 +25,8 @@ from caprag.services import Pipeline, steps_from_settings
 from caprag.store import PassageIndex
 from caprag.strategies import STRATEGIES
 from experiments.harness.journal import config_hash
+from experiments.perf.openai_stub import StubServer
 from tests.conftest import FIXTURE_BOOKS
-from tests.fakes import OpenAIStub
 
 CANARY = "canary-7f3a9c1e5d2b4a60"  # not shaped like a provider key: found by its variable
 FIXTURE_QUESTIONS = Path(__file__).parents[1] / "fixtures" / "questions"
@@ -46,7 +46,7 @@ def files_holding(folder: Path, secret: str) -> list[str]:
 def test_a_harness_run_with_a_model_and_a_judge_stores_the_key_nowhere(tmp_path: Path) -> None:
     work = tmp_path / "work"
     # The first requests are refused with an error that repeats the key (as providers do).
-    with OpenAIStub([ECHO, ECHO], default={"auto": True}) as stub:
+    with StubServer([ECHO, ECHO]) as stub:
         env = {
             **os.environ,
             "OPENAI_API_KEY": CANARY,
@@ -80,7 +80,7 @@ def test_a_harness_run_with_a_model_and_a_judge_stores_the_key_nowhere(tmp_path:
             text=True,
             timeout=900,
         )
-        requests = len(stub.requests)
+        requests = stub.requests
     assert done.returncode == 0, done.stdout + done.stderr
     assert requests > 2, "the run reached the model"
     assert CANARY not in done.stdout + done.stderr
@@ -101,7 +101,7 @@ def test_the_api_never_echoes_the_key(
     fixture_index: PassageIndex, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", CANARY)
-    with OpenAIStub([ECHO], default={"auto": True}) as stub:
+    with StubServer([ECHO]) as stub:
         settings = load_settings(llm="openai", openai_base_url=stub.base_url)
         steps = steps_from_settings(settings)
         app = create_app(Pipeline(STRATEGIES["single"](fixture_index, steps, k=2), steps))

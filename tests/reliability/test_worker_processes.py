@@ -18,7 +18,7 @@ from experiments.perf.openai_stub import StubServer
 from tests.conftest import FIXTURE_BOOKS
 
 FIXTURE_QUESTIONS = Path(__file__).parents[1] / "fixtures" / "questions"
-DEADLINE_S = 120.0
+DEADLINE_S = 600.0  # only catches a hang
 
 pytestmark = pytest.mark.slow
 
@@ -97,7 +97,7 @@ def test_no_worker_outlives_a_killed_or_interrupted_harness(
 ) -> None:
     # Every request is held until 99 are in flight, which never happens: the workers are busy
     # answering when the harness is stopped.
-    with StubServer(hold_until=99, hold_s=3 * DEADLINE_S) as stub:
+    with StubServer(hold_until=99) as stub:
         harness = start_harness(tmp_path, stub)
         started: set[int] = set()
         try:

@@ -1,4 +1,5 @@
-"""Adaptive depth on the fixture corpus: classification, confidence, deepening, budgets, power."""
+"""Adaptive depth on the fixture books (in memory, term overlap): classification, confidence,
+deepening, budgets, power."""
 
 from __future__ import annotations
 
@@ -12,13 +13,15 @@ from caprag.state import GraphState
 from caprag.steps import rule_steps
 from caprag.steps.assess import WEIGHTS, ConfidenceAssessment, heuristic_confidence
 from caprag.steps.classify import QueryClass, classify_question
-from caprag.store import PassageIndex
 from caprag.strategies import STRATEGIES, AdaptiveDepthStrategy
 from caprag.strategies.adaptive import Budget, Progress, decide
-from tests.fakes import ManualClock, ScriptedChatModel, scripted_steps
+from tests.fakes import ManualClock, MemoryRetriever, ScriptedChatModel, scripted_steps
 
 SIMPLE = "How long does a torch burn?"
 CROSS_REF = "What penalty does the second attack of a Flurry suffer?"
+CROSS_REF_UNSEEN = "How many attacks does a Flurry give in one turn?"
+"""Its words reach the Flurry passage, and the Old Soldier passage it cites only by one word
+("turn"): a term-overlap search finds Old Soldier at depth 2, not at depth 1."""
 IMPOSSIBLE = "What colour is the dragon's hoard in the moon palace?"
 SMALL_LADDER = (2, 4, 8)
 """The fixture corpus has 12 passages: the default 5/15/30 ladder reads all of it at depth 2."""
@@ -178,8 +181,8 @@ class NoRetriever:
         return []
 
 
-async def test_simple_factual_question_stops_at_depth_one(fixture_index: PassageIndex) -> None:
-    state = await run(adaptive(fixture_index), SIMPLE)
+async def test_simple_factual_question_stops_at_depth_one(books: MemoryRetriever) -> None:
+    state = await run(adaptive(books), SIMPLE)
     [hop] = state.hops
     assert (hop.query_type, hop.depth, hop.adaptive_decision) == ("factual", 1, "sufficient")
     assert hop.threshold == 0.9 and hop.confidence is not None and hop.confidence >= 0.9
@@ -189,8 +192,8 @@ async def test_simple_factual_question_stops_at_depth_one(fixture_index: Passage
     assert hop.context_tokens and hop.warning is None and hop.hint is None
 
 
-async def test_cross_reference_makes_it_search_deeper(fixture_index: PassageIndex) -> None:
-    state = await run(adaptive(fixture_index, depth_chunks=SMALL_LADDER), CROSS_REF)
+async def test_cross_reference_makes_it_search_deeper(books: MemoryRetriever) -> None:
+    state = await run(adaptive(books, depth_chunks=SMALL_LADDER), CROSS_REF_UNSEEN)
     assert len(state.hops) > 1
     first, last = state.hops[0], state.hops[-1]
     assert first.adaptive_decision == "increase_depth"
@@ -203,9 +206,9 @@ async def test_cross_reference_makes_it_search_deeper(fixture_index: PassageInde
 
 
 async def test_impossible_question_stops_when_deeper_changes_nothing_with_a_warning(
-    fixture_index: PassageIndex,
+    books: MemoryRetriever,
 ) -> None:
-    state = await run(adaptive(fixture_index), IMPOSSIBLE)
+    state = await run(adaptive(books), IMPOSSIBLE)
     assert [(h.depth, h.adaptive_decision) for h in state.hops] == [
         (1, "increase_depth"),
         (2, "top_k_unchanged"),
@@ -218,9 +221,9 @@ async def test_impossible_question_stops_when_deeper_changes_nothing_with_a_warn
 
 
 async def test_impossible_question_stops_at_depth_three_with_a_warning(
-    fixture_index: PassageIndex,
+    books: MemoryRetriever,
 ) -> None:
-    state = await run(adaptive(fixture_index, stop_when_unchanged=False), IMPOSSIBLE)
+    state = await run(adaptive(books, stop_when_unchanged=False), IMPOSSIBLE)
     assert len(state.hops) == 3
     last = state.hops[-1]
     assert (last.depth, last.adaptive_decision) == (3, "budget_exhausted:depth")
@@ -239,9 +242,9 @@ async def test_impossible_question_stops_at_depth_three_with_a_warning(
     ],
 )
 async def test_each_budget_stops_the_loop_with_its_own_reason(
-    fixture_index: PassageIndex, options: dict[str, Any], reason: str, hops: int
+    books: MemoryRetriever, options: dict[str, Any], reason: str, hops: int
 ) -> None:
-    state = await run(adaptive(fixture_index, stop_when_unchanged=False, **options), IMPOSSIBLE)
+    state = await run(adaptive(books, stop_when_unchanged=False, **options), IMPOSSIBLE)
     assert len(state.hops) == hops
     last = state.hops[-1]
     assert last.adaptive_decision == f"budget_exhausted:{reason}"
@@ -257,7 +260,7 @@ class SlowDeepRetriever:
     """The fixture index, where a search deeper than `fast_k` moves the clock by `delay_s`."""
 
     def __init__(
-        self, index: PassageIndex, fast_k: int, delay_s: float, clock: ManualClock
+        self, index: MemoryRetriever, fast_k: int, delay_s: float, clock: ManualClock
     ) -> None:
         self.index = index
         self.fast_k = fast_k
@@ -270,9 +273,9 @@ class SlowDeepRetriever:
         return self.index.search(query, k)
 
 
-async def test_timeout_keeps_what_was_found_in_time(fixture_index: PassageIndex) -> None:
+async def test_timeout_keeps_what_was_found_in_time(books: MemoryRetriever) -> None:
     clock = ManualClock()
-    slow = SlowDeepRetriever(fixture_index, fast_k=5, delay_s=3.0, clock=clock)
+    slow = SlowDeepRetriever(books, fast_k=5, delay_s=3.0, clock=clock)
     strategy = adaptive(slow, timeout_s=1.0, clock=clock)
     state = await run(strategy, IMPOSSIBLE)  # the depth-2 search alone takes 3 s of the 1 s
     assert [h.adaptive_decision for h in state.hops] == [
@@ -284,24 +287,24 @@ async def test_timeout_keeps_what_was_found_in_time(fixture_index: PassageIndex)
 
 
 async def test_forced_power_searches_once_and_hints_when_short(
-    fixture_index: PassageIndex,
+    books: MemoryRetriever,
 ) -> None:
-    strategy = adaptive(fixture_index, depth_chunks=SMALL_LADDER, power=1)
-    state = await run(strategy, CROSS_REF)
+    strategy = adaptive(books, depth_chunks=SMALL_LADDER, power=1)
+    state = await run(strategy, CROSS_REF_UNSEEN)
     [hop] = state.hops
     assert (hop.depth, hop.adaptive_decision) == (1, "forced_depth")
     assert hop.confidence is not None and hop.threshold is not None
     assert hop.confidence < hop.threshold
     assert hop.hint is not None and "raise the power to 2" in hop.hint
 
-    deeper = await run(strategy, CROSS_REF, power=2)  # the request's power wins
+    deeper = await run(strategy, CROSS_REF_UNSEEN, power=2)  # the request's power wins
     [hop] = deeper.hops
     assert (hop.depth, hop.adaptive_decision, hop.hint) == (2, "forced_depth", None)
 
 
-async def test_forced_power_applies_to_one_turn_only(fixture_index: PassageIndex) -> None:
+async def test_forced_power_applies_to_one_turn_only(books: MemoryRetriever) -> None:
     llm = rule_steps()
-    pipeline = Pipeline(AdaptiveDepthStrategy(fixture_index, llm), llm)
+    pipeline = Pipeline(AdaptiveDepthStrategy(books, llm), llm)
     forced = await pipeline.ask(SIMPLE, "thread", power=3)
     assert [(h.depth, h.adaptive_decision) for h in forced.hops] == [(3, "forced_depth")]
     assert {u.step for u in forced.usage} == {"classify", "generate"}
@@ -309,11 +312,11 @@ async def test_forced_power_applies_to_one_turn_only(fixture_index: PassageIndex
     assert [(h.depth, h.adaptive_decision) for h in auto.hops] == [(1, "sufficient")]
 
 
-async def test_power_outside_the_depths_is_refused(fixture_index: PassageIndex) -> None:
+async def test_power_outside_the_depths_is_refused(books: MemoryRetriever) -> None:
     with pytest.raises(ValueError, match="power must be"):
-        adaptive(fixture_index, power=4)
+        adaptive(books, power=4)
     with pytest.raises(ValueError, match="power must be"):
-        await run(adaptive(fixture_index), SIMPLE, power=0)
+        await run(adaptive(books), SIMPLE, power=0)
 
 
 # 5. LLM classification and self-assessment through structured output.
@@ -331,10 +334,10 @@ def scripted(*confidences: float) -> ScriptedChatModel:
     )
 
 
-async def test_llm_confidence_drives_the_loop(fixture_index: PassageIndex) -> None:
+async def test_llm_confidence_drives_the_loop(books: MemoryRetriever) -> None:
     chat = scripted(0.3, 0.5, 0.8)
     strategy = AdaptiveDepthStrategy(
-        fixture_index, scripted_steps(chat), clock=ManualClock(), stop_when_unchanged=False
+        books, scripted_steps(chat), clock=ManualClock(), stop_when_unchanged=False
     )
     state = await run(strategy, CROSS_REF)
     assert [(h.depth, h.confidence, h.adaptive_decision) for h in state.hops] == [
@@ -349,16 +352,14 @@ async def test_llm_confidence_drives_the_loop(fixture_index: PassageIndex) -> No
 
 
 async def test_confidence_outside_zero_to_one_is_recorded_as_a_failed_call(
-    fixture_index: PassageIndex,
+    books: MemoryRetriever,
 ) -> None:
     chat = ScriptedChatModel(
         replies=[{"query_type": "factual", "reasoning": ""}],
         by_substring={"judge whether": {"confidence": 1.5, "reasoning": "", "missing_info": []}},
     )
     steps = scripted_steps(chat, parse_attempts=2)
-    strategy = AdaptiveDepthStrategy(
-        fixture_index, steps, clock=ManualClock(), stop_when_unchanged=False
-    )
+    strategy = AdaptiveDepthStrategy(books, steps, clock=ManualClock(), stop_when_unchanged=False)
     state = await run(strategy, SIMPLE)
     assessed = [u for hop in state.hops for u in hop.usage if u.step == "assess"]
     assert len(assessed) == len(state.hops) == 3  # confidence 0 after each: it deepened
@@ -369,12 +370,12 @@ async def test_confidence_outside_zero_to_one_is_recorded_as_a_failed_call(
     assert state.hops[-1].adaptive_decision == "budget_exhausted:depth"
 
 
-async def test_rule_and_llm_steps_mix_per_step(fixture_index: PassageIndex) -> None:
+async def test_rule_and_llm_steps_mix_per_step(books: MemoryRetriever) -> None:
     chat = scripted(0.95)
     chat.replies = chat.replies[1:]  # the rule classifies: the model only assesses
     steps = scripted_steps(chat, classifier="rule", confidence="llm", generator="rule")
     assert steps.kinds()["classifier"] == "rule" and steps.kinds()["confidence"] == "llm"
-    state = await run(AdaptiveDepthStrategy(fixture_index, steps, clock=ManualClock()), SIMPLE)
+    state = await run(AdaptiveDepthStrategy(books, steps, clock=ManualClock()), SIMPLE)
     [hop] = state.hops
     assert hop.query_type == "factual" and hop.confidence == 0.95
     assert [(u.step, u.model) for u in hop.usage] == [
@@ -384,8 +385,8 @@ async def test_rule_and_llm_steps_mix_per_step(fixture_index: PassageIndex) -> N
     assert len(chat.calls) == 1
 
 
-async def test_rule_assess_is_the_free_heuristic(fixture_index: PassageIndex) -> None:
-    docs = fixture_index.search(SIMPLE, 5)
+async def test_rule_assess_is_the_free_heuristic(books: MemoryRetriever) -> None:
+    docs = books.search(SIMPLE, 5)
     assessed = await rule_steps().assess(SIMPLE, docs)
     assert assessed.value.confidence == heuristic_confidence(SIMPLE, docs).confidence
     assert assessed.usage is None  # a heuristic signal, not a stand-in for a call

@@ -18,7 +18,6 @@ from caprag.schemas import Document
 from caprag.state import GraphState
 from caprag.steps import rule_steps
 from caprag.steps.assess import Calibration, heuristic_confidence, score_margin
-from caprag.store import PassageIndex
 from caprag.strategies import AdaptiveDepthStrategy
 from caprag.strategies.adaptive import (
     Budget,
@@ -29,7 +28,7 @@ from caprag.strategies.adaptive import (
 )
 from experiments.scoring import calibration as calib
 from tests.conftest import FIXTURE_BOOKS
-from tests.fakes import ManualClock, ScriptedChatModel, scripted_steps
+from tests.fakes import ManualClock, MemoryRetriever, ScriptedChatModel, scripted_steps
 
 IMPOSSIBLE = "What colour is the dragon's hoard in the moon palace?"
 SIMPLE = "How long does a torch burn?"
@@ -91,18 +90,14 @@ async def test_a_deeper_round_that_changes_the_top_goes_on() -> None:
 
 
 async def test_the_same_ranking_searched_deeper_stops_after_one_more_round(
-    fixture_index: PassageIndex,
+    books: MemoryRetriever,
 ) -> None:
-    state = await run(
-        AdaptiveDepthStrategy(fixture_index, rule_steps(), clock=ManualClock()), IMPOSSIBLE
-    )
+    state = await run(AdaptiveDepthStrategy(books, rule_steps(), clock=ManualClock()), IMPOSSIBLE)
     assert [(h.depth, h.adaptive_decision) for h in state.hops] == [
         (1, "increase_depth"),
         (2, "top_k_unchanged"),
     ]
-    off = AdaptiveDepthStrategy(
-        fixture_index, rule_steps(), clock=ManualClock(), stop_when_unchanged=False
-    )
+    off = AdaptiveDepthStrategy(books, rule_steps(), clock=ManualClock(), stop_when_unchanged=False)
     assert len((await run(off, IMPOSSIBLE)).hops) == 3
 
 
@@ -172,11 +167,11 @@ class Fixed:
 
 
 async def test_calibrated_confidence_is_what_meets_the_threshold(
-    fixture_index: PassageIndex,
+    books: MemoryRetriever,
 ) -> None:
     calibration = Calibration(intercept=-3.0, weights={"coverage": 1.0, "log_passages": 0.5})
     strategy = AdaptiveDepthStrategy(
-        fixture_index, rule_steps(), clock=ManualClock(), calibration=calibration
+        books, rule_steps(), clock=ManualClock(), calibration=calibration
     )
     state = await run(strategy, SIMPLE)
     first = state.hops[0]
@@ -188,13 +183,13 @@ async def test_calibrated_confidence_is_what_meets_the_threshold(
     assert first.confidence is not None and first.confidence < 0.9  # it had to go deeper
     assert first.adaptive_decision == "increase_depth"
 
-    sure = AdaptiveDepthStrategy(fixture_index, rule_steps(), clock=ManualClock())
+    sure = AdaptiveDepthStrategy(books, rule_steps(), clock=ManualClock())
     sure.calibration = Fixed(0.95)  # type: ignore[assignment]
     [hop] = (await run(sure, IMPOSSIBLE)).hops
     assert (hop.confidence, hop.adaptive_decision) == (0.95, "sufficient")
 
 
-async def test_an_llm_self_assessment_is_not_recalibrated(fixture_index: PassageIndex) -> None:
+async def test_an_llm_self_assessment_is_not_recalibrated(books: MemoryRetriever) -> None:
     from caprag.steps.assess import ConfidenceAssessment
     from caprag.steps.classify import QueryClass
 
@@ -205,7 +200,7 @@ async def test_an_llm_self_assessment_is_not_recalibrated(fixture_index: Passage
         ]
     )
     calibration = Fixed(0.1)
-    strategy = AdaptiveDepthStrategy(fixture_index, scripted_steps(chat), clock=ManualClock())
+    strategy = AdaptiveDepthStrategy(books, scripted_steps(chat), clock=ManualClock())
     strategy.calibration = calibration  # type: ignore[assignment]
     [hop] = (await run(strategy, SIMPLE)).hops
     assert (hop.confidence, hop.adaptive_decision) == (0.93, "sufficient")
@@ -262,7 +257,7 @@ class BusyMachine:
         return self.t
 
 
-def harness_strategy(index: PassageIndex, tmp: Path) -> AdaptiveDepthStrategy:
+def harness_strategy(index: MemoryRetriever, tmp: Path) -> AdaptiveDepthStrategy:
     """The adaptive strategy exactly as `experiments.harness.run` builds it from conf/."""
     with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
         cfg = compose(
@@ -287,23 +282,23 @@ QUESTIONS = (IMPOSSIBLE, SIMPLE, "What penalty does the second attack of a Flurr
 
 
 async def test_harness_results_are_identical_on_a_busy_machine(
-    fixture_index: PassageIndex, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    books: MemoryRetriever, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    strategy = harness_strategy(fixture_index, tmp_path)
+    strategy = harness_strategy(books, tmp_path)
     idle = [outcome(await run(strategy, q)) for q in QUESTIONS]
     assert any(len(result) > 2 for result in idle)  # some question searched deeper
     monkeypatch.setattr(caprag.clock, "time", BusyMachine())
     busy = [outcome(await run(strategy, q)) for q in QUESTIONS]
     assert busy == idle
     # The wall clock under the same load cuts the deeper search off: the case the harness avoids.
-    wall = AdaptiveDepthStrategy(fixture_index, rule_steps(), calibration=strategy.calibration)
+    wall = AdaptiveDepthStrategy(books, rule_steps(), calibration=strategy.calibration)
     cut = await run(wall, IMPOSSIBLE)
     assert cut.hops[-1].adaptive_decision == "budget_exhausted:timeout"
 
 
-async def test_the_search_clock_still_enforces_the_timeout(fixture_index: PassageIndex) -> None:
+async def test_the_search_clock_still_enforces_the_timeout(books: MemoryRetriever) -> None:
     strategy = AdaptiveDepthStrategy(
-        fixture_index,
+        books,
         rule_steps(),
         timeout_s=1.5,
         clock=lambda: SearchClock(seconds_per_search=1.0),

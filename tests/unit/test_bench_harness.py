@@ -1,25 +1,9 @@
-"""The harness benchmark's overhead section on a handful of questions (numbers, not speed)."""
+"""The harness benchmark's instant LLM (overhead section: integration/test_bench_sections.py)."""
 
 from __future__ import annotations
 
-import pytest
-
 from caprag.schemas import Document
 from experiments.perf.harness_bench import instant_steps
-from experiments.perf.overhead import bench_overhead
-
-PHASES = (
-    "evaluate",
-    "retrieval",
-    "scoring",
-    "trace queueing",
-    "graph + strategy",
-    "MLflow params",
-    "MLflow metrics + table",
-    "MLflow traces",
-    "MLflow run bookkeeping",
-    "MLflow total",
-)
 
 
 async def test_instant_llm_gives_valid_replies_and_no_usage() -> None:
@@ -31,28 +15,3 @@ async def test_instant_llm_gives_valid_replies_and_no_usage() -> None:
     assert answer.usage.prompt_tokens == answer.usage.completion_tokens == 0
     assert (await llm.analyze("q", [doc], ["q"])).value.sufficient is True
     assert (await llm.assess("q", [doc])).value.confidence == 1.0
-
-
-@pytest.mark.slow
-def test_overhead_section_measures_every_phase() -> None:
-    result = bench_overhead(questions=6, warmup=1, attempts=1, cli_attempts=1)
-    assert result["questions"] == 6
-    rows = {row["phase"]: row for row in result["rows"]}  # type: ignore[attr-defined]
-    assert set(rows) == set(PHASES)
-    for name in ("evaluate", "retrieval", "scoring", "MLflow traces", "MLflow total"):
-        assert rows[name]["ms_per_question"] > 0, name
-    assert rows["evaluate"]["seconds"] >= rows["retrieval"]["seconds"]
-    markdown = str(result["markdown"])
-    assert markdown.startswith("6 questions of `dataset=curated`")
-    assert "| phase | includes | total s | ms/question | CPU ms/question |" in markdown
-    for name in ("evaluate", "↳ retrieval", "↳ scoring", "MLflow traces", "MLflow total"):
-        assert f"| {name} |" in markdown
-    on, off = result["traces_on_s"], result["traces_off_s"]
-    assert len(on) == len(off) == 1  # type: ignore[arg-type]
-    assert result["traces_ratio"] == min(on) / min(off)  # type: ignore[type-var, operator]
-    assert "| traces off | traces on | ratio | target |" in markdown
-    (writer_cpu,) = result["writer_cpu_s"]  # type: ignore[misc]
-    assert writer_cpu > 0  # the kept writer's CPU, read while it lives
-    cli_on, cli_off = result["cli_traces_on_s"], result["cli_traces_off_s"]
-    assert len(cli_on) == len(cli_off) == 1  # type: ignore[arg-type]
-    assert "One run per process (`python -m experiments.run`" in markdown

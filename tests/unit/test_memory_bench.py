@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from experiments.harness.data import EvalCase, load_dataset
 from experiments.harness.journal import Journal
-from experiments.perf.memory import JournalProgress, copy_question_sets, section
+from experiments.perf.memory import JournalProgress, copy_question_sets
 from experiments.results.questions import SETS
 from experiments.results.row import QuestionRow
 
@@ -50,13 +48,3 @@ def test_progress_counts_the_questions_of_finished_cases_only(tmp_path: Path) ->
         handle.write(json.dumps({"case": "0:b", "rows": []})[:10])
     assert progress.poll() == len(cases[0].turns)
     journal.close()
-
-
-@pytest.mark.slow
-def test_section_reports_rss_as_the_run_goes() -> None:
-    result = section(questions=400)
-    assert result["questions"] == 2 * 348
-    points = result["points"]
-    assert [p["questions"] for p in points] == [500, 696]  # type: ignore[index]
-    assert float(result["peak_mib"]) >= float(result["rss_at_questions_mib"]) > 0  # type: ignore[arg-type]
-    assert "MiB per 1,000 questions" in str(result["markdown"])

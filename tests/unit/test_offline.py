@@ -10,11 +10,11 @@ from caprag.services import Pipeline
 from caprag.steps import rule_steps
 from caprag.steps.generate import REFUSAL, extract_answer
 from caprag.steps.rewrite import rewrite_with_history
-from caprag.store import PassageIndex
 from caprag.strategies import STRATEGIES
+from tests.fakes import MemoryRetriever
 
 
-async def run_all(index: PassageIndex, question: str) -> list[object]:
+async def run_all(index: MemoryRetriever, question: str) -> list[object]:
     outputs: list[object] = []
     for name in sorted(STRATEGIES):
         llm = rule_steps()
@@ -31,25 +31,25 @@ async def run_all(index: PassageIndex, question: str) -> list[object]:
     return outputs
 
 
-async def test_same_input_same_output(fixture_index: PassageIndex) -> None:
+async def test_same_input_same_output(books: MemoryRetriever) -> None:
     question = "What penalty does the second attack of a Flurry suffer?"
-    assert await run_all(fixture_index, question) == await run_all(fixture_index, question)
+    assert await run_all(books, question) == await run_all(books, question)
 
 
 async def test_runs_with_the_network_unreachable(
-    fixture_index: PassageIndex, monkeypatch: pytest.MonkeyPatch
+    books: MemoryRetriever, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def refuse(*args: object, **kwargs: object) -> None:
         raise OSError("network disabled by the test")
 
     monkeypatch.setattr(socket.socket, "connect", refuse)
     monkeypatch.setattr(socket, "create_connection", refuse)
-    outputs = await run_all(fixture_index, "How many stamina points does a short rest restore?")
+    outputs = await run_all(books, "How many stamina points does a short rest restore?")
     assert all("3 stamina points" in str(o) for o in outputs)
 
 
-def test_refuses_when_nothing_matches(fixture_index: PassageIndex) -> None:
-    docs = fixture_index.search("What is the capital of the moon kingdom?", 3)
+def test_refuses_when_nothing_matches(books: MemoryRetriever) -> None:
+    docs = books.search("What is the capital of the moon kingdom?", 3)
     assert extract_answer("What is the capital of the moon kingdom?", docs).answer == REFUSAL
 
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 import cProfile
 import pstats
 import random
+from pathlib import Path
 
+import pytest
+
+from experiments.perf import concurrency
 from experiments.perf.concurrency import COMPONENTS, cpu_by_component, questions_for
 from experiments.results.aggregate import percentile
 
@@ -26,3 +30,11 @@ def test_a_builtins_time_is_counted_under_the_library_that_called_it() -> None:
     profile.disable()
     found = cpu_by_component(pstats.Stats(profile))
     assert found[HARNESS] > 0.8 * sum(found.values())
+
+
+def test_project_files_are_counted_by_their_path_in_a_checkout_named_caprag(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(concurrency, "PROJECT_ROOT", Path("/ci/caprag"))
+    assert concurrency._component("/ci/caprag/experiments/results/aggregate.py") == HARNESS
+    assert concurrency._component("/ci/caprag/caprag/steps/analyze.py").startswith("caprag")

@@ -1,4 +1,5 @@
-"""Strategies on the fixture corpus: the contract, hops, cross-references, de-duplication."""
+"""Strategies on the fixture books (in memory, term overlap): the contract, hops, cross-references,
+de-duplication."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from caprag.services import Pipeline
 from caprag.state import GraphState
 from caprag.steps import rule_steps
 from caprag.steps.analyze import SufficiencyDecision
-from caprag.store import PassageIndex
 from caprag.strategies import (
     STRATEGIES,
     AdaptiveDepthStrategy,
@@ -18,24 +18,27 @@ from caprag.strategies import (
     RetrievalStrategy,
     SingleQueryStrategy,
 )
-from tests.fakes import ScriptedChatModel, scripted_steps
+from tests.fakes import MemoryRetriever, ScriptedChatModel, scripted_steps
 
 CROSS_REF_QUESTION = "What penalty does the second attack of a Flurry suffer?"
+CROSS_REF_UNSEEN = "What does a Flurry attack suffer?"
+"""A question whose words reach the Flurry passage, not the Old Soldier passage it cites (as
+the curated cross-book questions are built): a term-overlap search of it misses Old Soldier."""
 
 
-def test_a_strategy_without_execute_cannot_be_instantiated(fixture_index: PassageIndex) -> None:
+def test_a_strategy_without_execute_cannot_be_instantiated(books: MemoryRetriever) -> None:
     class Lazy(RetrievalStrategy):
         name = "lazy"
 
     with pytest.raises(TypeError, match="abstract"):
-        Lazy(fixture_index, rule_steps())  # type: ignore[abstract]
+        Lazy(books, rule_steps())  # type: ignore[abstract]
 
 
 @pytest.mark.parametrize("name", sorted(STRATEGIES))
 async def test_every_strategy_returns_questions_with_context(
-    name: str, fixture_index: PassageIndex
+    name: str, books: MemoryRetriever
 ) -> None:
-    strategy = STRATEGIES[name](fixture_index, rule_steps(), k=3)
+    strategy = STRATEGIES[name](books, rule_steps(), k=3)
     state = await strategy.execute(
         GraphState(
             question="How long does a torch burn?", main_question="How long does a torch burn?"
@@ -52,24 +55,24 @@ async def test_every_strategy_returns_questions_with_context(
 
 
 async def test_question_answered_by_one_passage_stops_after_one_hop(
-    fixture_index: PassageIndex,
+    books: MemoryRetriever,
 ) -> None:
-    strategy = MultiHopStrategy(fixture_index, rule_steps(), k=2)
+    strategy = MultiHopStrategy(books, rule_steps(), k=2)
     state = await strategy.execute(GraphState(main_question="How long does a torch burn?"))
     assert len(state.hops) == 1
     assert state.hops[0].decision is not None and state.hops[0].decision.sufficient
 
 
 async def test_cross_reference_to_another_book_takes_a_second_hop(
-    fixture_index: PassageIndex,
+    books: MemoryRetriever,
 ) -> None:
-    single = await SingleQueryStrategy(fixture_index, rule_steps(), k=2).execute(
-        GraphState(main_question=CROSS_REF_QUESTION)
+    single = await SingleQueryStrategy(books, rule_steps(), k=2).execute(
+        GraphState(main_question=CROSS_REF_UNSEEN)
     )
     assert "gifts/old-soldier" not in [d.passage_id for d in single.context]
 
-    state = await MultiHopStrategy(fixture_index, rule_steps(), k=2).execute(
-        GraphState(main_question=CROSS_REF_QUESTION)
+    state = await MultiHopStrategy(books, rule_steps(), k=2).execute(
+        GraphState(main_question=CROSS_REF_UNSEEN)
     )
     assert len(state.hops) >= 2
     assert state.hops[0].decision is not None
@@ -92,11 +95,11 @@ def never_satisfied() -> ScriptedChatModel:
 
 
 async def test_never_satisfied_analyzer_stops_at_three_hops_and_generation_runs(
-    fixture_index: PassageIndex,
+    books: MemoryRetriever,
 ) -> None:
     chat = never_satisfied()
     llm = scripted_steps(chat)
-    pipeline = Pipeline(MultiHopStrategy(fixture_index, llm, k=2), llm)
+    pipeline = Pipeline(MultiHopStrategy(books, llm, k=2), llm)
     result = await pipeline.ask("How do heroes recover stamina?")
     assert result.hop_count == 3
     assert [hop.decision is not None for hop in result.hops] == [True, True, False]
@@ -105,14 +108,14 @@ async def test_never_satisfied_analyzer_stops_at_three_hops_and_generation_runs(
     assert len(analyze_calls) == 2
 
 
-async def test_same_passage_in_two_hops_appears_once(fixture_index: PassageIndex) -> None:
+async def test_same_passage_in_two_hops_appears_once(books: MemoryRetriever) -> None:
     chat = ScriptedChatModel(
         replies=[
             SufficiencyDecision(sufficient=False, new_queries=["Flurry attack twice in one turn"]),
             SufficiencyDecision(sufficient=True, new_queries=[]),
         ]
     )
-    strategy = MultiHopStrategy(fixture_index, scripted_steps(chat), k=3)
+    strategy = MultiHopStrategy(books, scripted_steps(chat), k=3)
     state = await strategy.execute(GraphState(main_question=CROSS_REF_QUESTION))
     ids = [d.passage_id for d in state.context]
     assert ids.count("fighting/flurry") == 1
@@ -122,9 +125,9 @@ async def test_same_passage_in_two_hops_appears_once(fixture_index: PassageIndex
     assert second.duplicate_documents >= 1
 
 
-async def test_multi_question_searches_original_and_expansions(fixture_index: PassageIndex) -> None:
+async def test_multi_question_searches_original_and_expansions(books: MemoryRetriever) -> None:
     chat = ScriptedChatModel(replies=[{"questions": ["Old Soldier gift", "second blow penalty"]}])
-    strategy = MultiQuestionStrategy(fixture_index, scripted_steps(chat), k=3)
+    strategy = MultiQuestionStrategy(books, scripted_steps(chat), k=3)
     state = await strategy.execute(GraphState(main_question=CROSS_REF_QUESTION))
     assert [q.text for q in state.questions] == [
         CROSS_REF_QUESTION,
@@ -135,9 +138,9 @@ async def test_multi_question_searches_original_and_expansions(fixture_index: Pa
     assert state.hops[0].usage[0].step == "expand"
 
 
-async def test_graph_runs_rewrite_retrieve_generate(fixture_index: PassageIndex) -> None:
+async def test_graph_runs_rewrite_retrieve_generate(books: MemoryRetriever) -> None:
     llm = rule_steps()
-    strategy = MultiHopStrategy(fixture_index, llm, k=2)
+    strategy = MultiHopStrategy(books, llm, k=2)
     graph = build_graph(strategy, llm)
     assert set(graph.get_graph().nodes) >= {"rewrite", "retrieve", "generate"}
     pipeline = Pipeline(strategy, llm, graph)

@@ -1,4 +1,5 @@
-"""The reliability table behind the calibration plots."""
+"""The reliability table behind the calibration plots, and the adaptive summary (it reads hop
+traces through experiments.results.runs, which imports MLflow: hence integration/)."""
 
 from __future__ import annotations
 

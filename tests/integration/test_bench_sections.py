@@ -1,0 +1,57 @@
+"""Bench sections that run the harness, on a handful of questions (numbers, not speed): the
+overhead section and the memory section."""
+
+from __future__ import annotations
+
+import pytest
+
+from experiments.perf.memory import section
+from experiments.perf.overhead import bench_overhead
+
+PHASES = (
+    "evaluate",
+    "retrieval",
+    "scoring",
+    "trace queueing",
+    "graph + strategy",
+    "MLflow params",
+    "MLflow metrics + table",
+    "MLflow traces",
+    "MLflow run bookkeeping",
+    "MLflow total",
+)
+
+
+@pytest.mark.slow
+def test_overhead_section_measures_every_phase() -> None:
+    result = bench_overhead(questions=6, warmup=1, attempts=1, cli_attempts=1)
+    assert result["questions"] == 6
+    rows = {row["phase"]: row for row in result["rows"]}  # type: ignore[attr-defined]
+    assert set(rows) == set(PHASES)
+    for name in ("evaluate", "retrieval", "scoring", "MLflow traces", "MLflow total"):
+        assert rows[name]["ms_per_question"] > 0, name
+    assert rows["evaluate"]["seconds"] >= rows["retrieval"]["seconds"]
+    markdown = str(result["markdown"])
+    assert markdown.startswith("6 questions of `dataset=curated`")
+    assert "| phase | includes | total s | ms/question | CPU ms/question |" in markdown
+    for name in ("evaluate", "↳ retrieval", "↳ scoring", "MLflow traces", "MLflow total"):
+        assert f"| {name} |" in markdown
+    on, off = result["traces_on_s"], result["traces_off_s"]
+    assert len(on) == len(off) == 1  # type: ignore[arg-type]
+    assert result["traces_ratio"] == min(on) / min(off)  # type: ignore[type-var, operator]
+    assert "| traces off | traces on | ratio | target |" in markdown
+    (writer_cpu,) = result["writer_cpu_s"]  # type: ignore[misc]
+    assert writer_cpu > 0  # the kept writer's CPU, read while it lives
+    cli_on, cli_off = result["cli_traces_on_s"], result["cli_traces_off_s"]
+    assert len(cli_on) == len(cli_off) == 1  # type: ignore[arg-type]
+    assert "One run per process (`python -m experiments.run`" in markdown
+
+
+@pytest.mark.slow
+def test_section_reports_rss_as_the_run_goes() -> None:
+    result = section(questions=1, marks=(200,))  # one copy of the curated sets
+    assert result["questions"] == 348
+    points = result["points"]
+    assert [p["questions"] for p in points] == [200, 348]  # type: ignore[index]
+    assert float(result["peak_mib"]) >= float(result["rss_at_questions_mib"]) > 0  # type: ignore[arg-type]
+    assert "MiB per 1,000 questions" in str(result["markdown"])
