@@ -84,6 +84,7 @@ def test_runs_page_shows_picked_metrics_rounded_at_1440(
         assert float(c) == round(metrics["metrics.cost_usd"] * 1000, 3)
     shoot(page, "runs-1440")
 
+    page.set_viewport_size({"width": 1920, "height": 1000})  # room for two more columns
     picker = page.locator("[data-testid='stMultiSelect']").filter(has_text="Metrics shown")
     for typed in ("MRR", CROSS_BOOK):
         picker.locator("input").click()
@@ -93,7 +94,7 @@ def test_runs_page_shows_picked_metrics_rounded_at_1440(
     page.keyboard.press("Escape")
     settle(page)
     drawn = headers(page)
-    assert drawn[: len(DEFAULT_HEADERS) + 2] == [*DEFAULT_HEADERS, "MRR", CROSS_BOOK]
+    assert drawn[: len(DEFAULT_HEADERS) + 2] == [*DEFAULT_HEADERS, "MRR", CROSS_BOOK], drawn
     cross = column_cells(page, CROSS_BOOK)
     for label, value in zip(column_cells(page, "run"), cross, strict=True):
         assert float(value) == round(by_label.loc[label, "metrics.recall_at_k/cross_book"], 3)
@@ -130,7 +131,7 @@ def test_compare_sliced_to_cross_book(
     copied = wide(browser, page.url, "Cost vs quality", height=3000)
     copied.get_by_text("question set cross_book", exact=False).first.wait_for()
     copied.close()
-    page.get_by_text(COST, exact=True).click()
+    page.get_by_role("radiogroup").get_by_text(COST, exact=True).click()
     settle(page)
     scatter = page.locator(".js-plotly-plot").first
     scatter.locator(".xtick text", has_text="$").first.wait_for(state="attached")
