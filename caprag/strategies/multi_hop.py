@@ -5,15 +5,74 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from caprag.schemas import CallUsage, Question
+from caprag.catalog import Catalog
+from caprag.schemas import CallUsage, Document, Question, RetrievedRef
 from caprag.state import GraphState
 from caprag.steps import Steps
 from caprag.strategies.base import DocumentPool, RetrievalStrategy, Retriever, elapsed
 from caprag.trace import HopTrace
 
 
+class FollowedContext:
+    """The passages handed to generation: the first hop's ranking first, as it was, then what the
+    follow-up queries found, in the order they found it.
+
+    A follow-up result never pushes one of the question's own best passages down (the first
+    hop's ranking is what the question itself asked for: MRR stays that of a single search); it
+    takes the place of the first hop's lowest-ranked passages, at most `max_followed` of them.
+    """
+
+    def __init__(self, k: int, max_followed: int) -> None:
+        self.k = k
+        self.max_followed = max_followed
+        self.first = DocumentPool()
+        self.followed: list[Document] = []
+        self._seen: set[str] = set()
+        self.read: set[str] = set()
+        """Ids of every passage read so far (handed on or not)."""
+
+    def add_first(self, ranked: list[Document]) -> list[RetrievedRef]:
+        """Merge one first-hop query's ranking (the question, its expansion: fused by RRF)."""
+        refs = self.first.add(ranked)
+        self._seen.update(doc.content_hash for doc in ranked)
+        self.read.update(doc.passage_id for doc in ranked)
+        return refs
+
+    def add_follow_up(self, ranked: list[Document], keep: int) -> list[RetrievedRef]:
+        """Read a follow-up query's ranking down to its `keep` best passages not seen yet; those
+        join the context (while there is room). The refs are what was read: the passages seen
+        before (duplicates) and the new ones kept."""
+        refs: list[RetrievedRef] = []
+        kept = 0
+        for doc in ranked:
+            if kept == keep:
+                break
+            new = doc.content_hash not in self._seen
+            self.read.add(doc.passage_id)
+            refs.append(
+                RetrievedRef(
+                    passage_id=doc.passage_id,
+                    book_id=doc.book_id,
+                    page=doc.page,
+                    score=doc.score,
+                    new=new,
+                )
+            )
+            if new:
+                self._seen.add(doc.content_hash)
+                kept += 1
+                if len(self.followed) < self.max_followed:
+                    self.followed.append(doc)
+        return refs
+
+    def top(self) -> list[Document]:
+        """The k passages handed on: the first hop's best, then the followed ones."""
+        followed = self.followed[: self.k]
+        return self.first.top(self.k - len(followed)) + followed
+
+
 class MultiHopStrategy(RetrievalStrategy):
-    """Follow cross-references between books until the analyzer is satisfied or hops run out."""
+    """Follow cross-references and bridge names until the analyzer is satisfied or hops run out."""
 
     name = "multi-hop"
 
@@ -24,19 +83,27 @@ class MultiHopStrategy(RetrievalStrategy):
         k: int = 8,
         max_hops: int = 3,
         follow_k: int = 1,
+        analyze_k: int = 5,
         expand_first_hop: bool = False,
         n_subquestions: int = 3,
     ) -> None:
         super().__init__(retriever, steps, k)
         if max_hops < 1:
             raise ValueError("max_hops must be at least 1")
+        if follow_k < 1:
+            raise ValueError("follow_k must be at least 1")
         self.max_hops = max_hops
         self.follow_k = follow_k
-        """Passages kept per follow-up query: a targeted query is after one passage, and fewer
-        per query leaves more of the fixed budget k to the question's own results."""
+        if analyze_k < 1:
+            raise ValueError("analyze_k must be at least 1")
+        self.analyze_k = analyze_k
+        """Passages the analyzer reads (the best of those handed on): what it costs per hop."""
+        """New passages kept per follow-up query: a targeted query is after one passage, and
+        fewer per query leaves more of the fixed budget k to the question's own results."""
         self.expand_first_hop = expand_first_hop
         """Search the question's expansion (the `expand` step) beside it on the first hop."""
         self.n_subquestions = n_subquestions
+        self._catalog: Catalog | None = None
 
     def max_llm_calls(self) -> dict[str, int]:
         """An analysis after every hop but the last (and one expansion when enabled)."""
@@ -45,10 +112,17 @@ class MultiHopStrategy(RetrievalStrategy):
             calls["expand"] = 1
         return calls
 
+    def catalog(self) -> Catalog | None:
+        """The titles of the passages the retriever searches (read once): what a bridge name
+        must be for the rule analyzer to follow it."""
+        if self._catalog is None:
+            self._catalog = Catalog.of(self.retriever)
+        return self._catalog
+
     async def execute(self, state: GraphState) -> GraphState:
-        """1. Search the question (and its expansion). 2. Analyze the top k. 3. Search the new
-        queries. Repeat."""
-        pool = DocumentPool()
+        """1. Search the question (and its expansion). 2. Analyze the passages handed on.
+        3. Search the new queries, keeping each one's best new passages. Repeat."""
+        context = FollowedContext(self.k, max_followed=max(1, self.k // 2))
         questions: list[Question] = []
         hops: list[HopTrace] = []
         queries = [state.main_question]
@@ -58,10 +132,17 @@ class MultiHopStrategy(RetrievalStrategy):
         searched: list[str] = []
         for number in range(1, self.max_hops + 1):
             start = time.perf_counter()
-            found = await self.search_many(queries, self.k if number == 1 else self.follow_k)
+            # A follow-up reads past what it has already seen: its own best is often a passage
+            # the first hop found (the question's subject), so it searches as deep as the first.
+            found = await self.search_many(queries, self.k)
             searched += queries
             questions += found
-            refs = [ref for question in found for ref in pool.add(question.context)]
+            refs: list[RetrievedRef] = []
+            for question in found:
+                if number == 1:
+                    refs += context.add_first(question.context)
+                else:
+                    refs += context.add_follow_up(question.context, self.follow_k)
             hop = HopTrace(
                 hop=number,
                 queries=queries,
@@ -75,7 +156,13 @@ class MultiHopStrategy(RetrievalStrategy):
             if number == self.max_hops:
                 hop.latency_s = elapsed(start)
                 break
-            analysis = await self.steps.analyze(state.main_question, pool.top(self.k), searched)
+            catalog = self.catalog()
+            analysis = await self.steps.analyze(
+                state.main_question,
+                context.top()[: self.analyze_k],
+                searched,
+                catalog=catalog.unread(context.read) if catalog is not None else None,
+            )
             hop.decision = analysis.value
             if analysis.usage:
                 hop.usage.append(analysis.usage)
@@ -84,4 +171,4 @@ class MultiHopStrategy(RetrievalStrategy):
             queries = [q for q in analysis.value.new_queries if q.lower() not in asked]
             if analysis.value.sufficient or not queries:
                 break
-        return dataclasses.replace(state, questions=questions, context=pool.top(self.k), hops=hops)
+        return dataclasses.replace(state, questions=questions, context=context.top(), hops=hops)
