@@ -90,7 +90,7 @@ class Classifier(Step, Protocol):
 
 class Assessor(Step, Protocol):
     async def __call__(
-        self, question: str, documents: Sequence[Document]
+        self, question: str, documents: Sequence[Document], catalog: Catalog | None = None
     ) -> StepResult[ConfidenceAssessment]: ...
 
 
@@ -169,7 +169,7 @@ def build_steps(
         generate=pick("generator", RuleGenerator(price_model), LLMGenerator),
         rewrite=pick("rewriter", RuleRewriter(price_model), LLMRewriter, rewrite_client or client),
         classify=pick("classifier", RuleClassifier(price_model), LLMClassifier),
-        assess=pick("confidence", RuleAssessor(), LLMAssessor),
+        assess=pick("confidence", RuleAssessor(links), LLMAssessor),
     )
 
 

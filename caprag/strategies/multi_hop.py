@@ -6,69 +6,11 @@ import dataclasses
 import time
 
 from caprag.catalog import Catalog
-from caprag.schemas import CallUsage, Document, Question, RetrievedRef
+from caprag.schemas import CallUsage, Question, RetrievedRef
 from caprag.state import GraphState
 from caprag.steps import Steps
-from caprag.strategies.base import DocumentPool, RetrievalStrategy, Retriever, elapsed
+from caprag.strategies.base import FollowedContext, RetrievalStrategy, Retriever, elapsed
 from caprag.trace import HopTrace
-
-
-class FollowedContext:
-    """The passages handed to generation: the first hop's ranking first, as it was, then what the
-    follow-up queries found, in the order they found it.
-
-    A follow-up result never pushes one of the question's own best passages down (the first
-    hop's ranking is what the question itself asked for: MRR stays that of a single search); it
-    takes the place of the first hop's lowest-ranked passages, at most `max_followed` of them.
-    """
-
-    def __init__(self, k: int, max_followed: int) -> None:
-        self.k = k
-        self.max_followed = max_followed
-        self.first = DocumentPool()
-        self.followed: list[Document] = []
-        self._seen: set[str] = set()
-        self.read: set[str] = set()
-        """Ids of every passage read so far (handed on or not)."""
-
-    def add_first(self, ranked: list[Document]) -> list[RetrievedRef]:
-        """Merge one first-hop query's ranking (the question, its expansion: fused by RRF)."""
-        refs = self.first.add(ranked)
-        self._seen.update(doc.content_hash for doc in ranked)
-        self.read.update(doc.passage_id for doc in ranked)
-        return refs
-
-    def add_follow_up(self, ranked: list[Document], keep: int) -> list[RetrievedRef]:
-        """Read a follow-up query's ranking down to its `keep` best passages not seen yet; those
-        join the context (while there is room). The refs are what was read: the passages seen
-        before (duplicates) and the new ones kept."""
-        refs: list[RetrievedRef] = []
-        kept = 0
-        for doc in ranked:
-            if kept == keep:
-                break
-            new = doc.content_hash not in self._seen
-            self.read.add(doc.passage_id)
-            refs.append(
-                RetrievedRef(
-                    passage_id=doc.passage_id,
-                    book_id=doc.book_id,
-                    page=doc.page,
-                    score=doc.score,
-                    new=new,
-                )
-            )
-            if new:
-                self._seen.add(doc.content_hash)
-                kept += 1
-                if len(self.followed) < self.max_followed:
-                    self.followed.append(doc)
-        return refs
-
-    def top(self) -> list[Document]:
-        """The k passages handed on: the first hop's best, then the followed ones."""
-        followed = self.followed[: self.k]
-        return self.first.top(self.k - len(followed)) + followed
 
 
 class MultiHopStrategy(RetrievalStrategy):
