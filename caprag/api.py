@@ -135,26 +135,8 @@ class FeedbackResponse(BaseModel):
 
 
 def to_response(result: AskResult) -> AskResponse:
-    """The API view of a turn."""
-    return AskResponse(
-        answer=result.answer,
-        sources=result.sources,
-        thread_id=result.thread_id,
-        question=result.question,
-        main_question=result.main_question,
-        strategy=result.strategy,
-        hop_count=result.hop_count,
-        hops=result.hops,
-        usage=result.usage,
-        prompt_tokens=result.prompt_tokens,
-        completion_tokens=result.completion_tokens,
-        cost_usd=result.cost_usd,
-        latency_s=result.latency_s,
-        request_id=result.request_id,
-        timed_out=result.timed_out,
-        stop_reason=result.stop_reason,
-        decision_log=result.decision_log,
-    )
+    """The API view of a turn: the result's fields the response names (`hop_count` included)."""
+    return AskResponse.model_validate(result, from_attributes=True)
 
 
 def _explain(exc: RequestValidationError) -> str:

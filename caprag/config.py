@@ -3,20 +3,27 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from caprag.errors import ConfigError, MissingAPIKeyError
+from caprag.plugins import load_plugins
+from caprag.roles import ROLES
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 BUNDLED_CORPUS = PROJECT_ROOT / "datasets" / "books"
 
-StrategyName = Literal["adaptive", "multi-hop", "multi-question", "single"]
 LLMName = Literal["offline", "openai"]
-EmbeddingName = Literal["minilm", "wordllama"]
-RetrieverName = Literal["dense", "bm25", "hybrid"]
 StructuredMethod = Literal["function_calling", "json_schema", "json_mode"]
 StepChoice = Literal["auto", "rule", "llm"]
 PowerChoice = Literal["auto", 1, 2, 3]
@@ -41,17 +48,18 @@ def _step(role: str) -> Any:
     return Field("auto", validation_alias=AliasChoices(env, role))
 
 
-ROLE_NAMES = ("expander", "analyzer", "generator", "rewriter", "classifier", "confidence")
-"""The LLM steps a user chooses rule or llm for (caprag.steps.ROLES)."""
-
-
-class Settings(BaseSettings):
-    """Everything the pipeline reads from the environment (names documented in the README)."""
+class SettingsFields(BaseSettings):
+    """Everything the pipeline reads from the environment (names documented in the README). The
+    step roles come on top: `Settings` is this with a CAPRAG_<ROLE> field per role of
+    caprag.roles.ROLES."""
 
     model_config = SettingsConfigDict(extra="ignore", populate_by_name=True)
 
-    retrieval_strategy: StrategyName = Field(
-        "multi-hop", validation_alias=AliasChoices("RETRIEVAL_STRATEGY", "retrieval_strategy")
+    retrieval_strategy: str = Field(
+        "multi-hop",
+        validation_alias=AliasChoices("RETRIEVAL_STRATEGY", "retrieval_strategy"),
+        description="A registered strategy (caprag.strategies.STRATEGIES): multi-hop, "
+        "multi-question, single, adaptive, or one a plugin adds.",
     )
     llm: LLMName = Field("offline", validation_alias=AliasChoices("CAPRAG_LLM", "llm"))
     model: str = Field("gpt-4o-mini", validation_alias=AliasChoices("CAPRAG_MODEL", "model"))
@@ -60,12 +68,6 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("CAPRAG_REWRITE_MODEL", "rewrite_model"),
         description="Model of the rewrite step; unset: the same as CAPRAG_MODEL.",
     )
-    expander: StepChoice = _step("expander")
-    analyzer: StepChoice = _step("analyzer")
-    generator: StepChoice = _step("generator")
-    rewriter: StepChoice = _step("rewriter")
-    classifier: StepChoice = _step("classifier")
-    confidence: StepChoice = _step("confidence")
     price_model: str = Field(
         "gpt-4o-mini",
         validation_alias=AliasChoices("CAPRAG_PRICE_MODEL", "price_model"),
@@ -90,13 +92,17 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("CAPRAG_CHROMA_URL", "chroma_url"),
         description="A Chroma server, http://HOST:PORT[/NAMESPACE], used instead of the folder.",
     )
-    embedding: EmbeddingName = Field(
-        "minilm", validation_alias=AliasChoices("CAPRAG_EMBEDDING", "embedding")
+    embedding: str = Field(
+        "minilm",
+        validation_alias=AliasChoices("CAPRAG_EMBEDDING", "embedding"),
+        description="A registered embedding model (caprag.embeddings.EMBEDDERS): minilm, "
+        "wordllama.",
     )
-    retriever: RetrieverName = Field(
+    retriever: str = Field(
         "dense",
         validation_alias=AliasChoices("CAPRAG_RETRIEVER", "retriever"),
-        description="dense (embeddings), bm25 (lexical) or hybrid (the two fused by RRF).",
+        description="A registered retriever kind (caprag.retrievers.RETRIEVERS): dense "
+        "(embeddings), bm25 (lexical), hybrid (the two fused by RRF), or one a plugin adds.",
     )
     k: int = Field(8, ge=1, le=100, validation_alias=AliasChoices("CAPRAG_K", "k"))
     max_hops: int = Field(
@@ -177,6 +183,27 @@ class Settings(BaseSettings):
         description="SQLite file of the live decision log and feedback ('off': kept in memory).",
     )
 
+    @field_validator("retrieval_strategy")
+    @classmethod
+    def _registered_strategy(cls, value: str) -> str:
+        from caprag.strategies import STRATEGIES
+
+        return STRATEGIES.check(value)
+
+    @field_validator("retriever")
+    @classmethod
+    def _registered_retriever(cls, value: str) -> str:
+        from caprag.retrievers import RETRIEVERS
+
+        return RETRIEVERS.check(value)
+
+    @field_validator("embedding")
+    @classmethod
+    def _registered_embedding(cls, value: str) -> str:
+        from caprag.embeddings import EMBEDDERS
+
+        return EMBEDDERS.check(value)
+
     @field_validator("request_timeout_s", mode="before")
     @classmethod
     def _timeout_off(cls, value: Any) -> Any:
@@ -228,8 +255,8 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
-    def _key_for_openai(self) -> Settings:
-        chosen = [role for role in ROLE_NAMES if getattr(self, role) == "llm"]
+    def _key_for_openai(self) -> SettingsFields:
+        chosen = [role for role in ROLES if getattr(self, role) == "llm"]
         if chosen and self.llm != "openai":
             raise ConfigError(
                 f"CAPRAG_{chosen[0].upper()}=llm needs a language model: set CAPRAG_LLM=openai"
@@ -242,38 +269,36 @@ class Settings(BaseSettings):
         return self
 
 
-ENV_NAMES = {
-    **{role: f"CAPRAG_{role.upper()}" for role in ROLE_NAMES},
-    "retrieval_strategy": "RETRIEVAL_STRATEGY",
-    "llm": "CAPRAG_LLM",
-    "embedding": "CAPRAG_EMBEDDING",
-    "retriever": "CAPRAG_RETRIEVER",
-    "structured_output": "CAPRAG_STRUCTURED_OUTPUT",
-    "k": "CAPRAG_K",
-    "max_hops": "CAPRAG_MAX_HOPS",
-    "expand_first_hop": "CAPRAG_EXPAND_FIRST_HOP",
-    "rewrite_model": "CAPRAG_REWRITE_MODEL",
-    "price_model": "CAPRAG_PRICE_MODEL",
-    "corpus": "CAPRAG_CORPUS",
-    "chroma_dir": "CAPRAG_CHROMA_DIR",
-    "chroma_url": "CAPRAG_CHROMA_URL",
-    "checkpointer": "CAPRAG_CHECKPOINTER",
-    "memory_ttl_s": "CAPRAG_MEMORY_TTL_S",
-    "memory_max_threads": "CAPRAG_MEMORY_MAX_THREADS",
-    "sqlite_ttl_days": "CAPRAG_SQLITE_TTL_DAYS",
-    "prune_interval_s": "CAPRAG_PRUNE_INTERVAL_S",
-    "llm_timeout_s": "CAPRAG_LLM_TIMEOUT_S",
-    "max_body_bytes": "CAPRAG_MAX_BODY_BYTES",
-    "allowed_origins": "CAPRAG_ALLOWED_ORIGINS",
-    "request_timeout_s": "CAPRAG_REQUEST_TIMEOUT_S",
-    "power": "CAPRAG_POWER",
-    "depth_chunks": "CAPRAG_DEPTH_CHUNKS",
-    "decision_log": "CAPRAG_DECISION_LOG",
+if TYPE_CHECKING:  # the role fields are made at run time; code reads them with getattr
+    Settings = SettingsFields
+else:
+    Settings = create_model(
+        "Settings",
+        __base__=SettingsFields,
+        __module__=__name__,
+        __doc__=SettingsFields.__doc__,
+        **{role: (StepChoice, _step(role)) for role in ROLES},
+    )
+
+
+def _env_name(field: str, info: FieldInfo) -> str:
+    alias = info.validation_alias
+    if isinstance(alias, AliasChoices) and isinstance(alias.choices[0], str):
+        return alias.choices[0]
+    return field
+
+
+ENV_NAMES: dict[str, str] = {
+    field: _env_name(field, info) for field, info in Settings.model_fields.items()
 }
+"""Each setting's environment variable (the first name its alias accepts): what error messages
+call it."""
 
 
 def load_settings(**overrides: object) -> Settings:
-    """Read and validate settings; raise ConfigError naming the variable and allowed values."""
+    """Read and validate settings; raise ConfigError naming the variable and allowed values.
+    The CAPRAG_PLUGINS modules are imported first: their retrievers and strategies are allowed."""
+    load_plugins()
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:

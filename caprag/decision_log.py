@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AliasChoices, BaseModel, Field, field_validator
 
 from caprag.errors import ConfigError
 
@@ -46,9 +46,11 @@ CREATE TABLE IF NOT EXISTS feedback (
 
 
 class Round(BaseModel):
-    """One retrieval round (a hop; for adaptive, one depth tried) as the decision log keeps it."""
+    """One retrieval round (a hop; for adaptive, one depth tried) as the decision log keeps it:
+    a view of the hop's `caprag.trace.HopTrace`, made by `Round.model_validate(hop,
+    from_attributes=True)` (the fields named as the hop's are taken as they are)."""
 
-    round: int
+    round: int = Field(validation_alias=AliasChoices("round", "hop"))
     depth: int | None = Field(default=None, description="Depth searched (adaptive only).")
     chunks: int | None = Field(default=None, description="Passages in the context after the round.")
     confidence: float | None = Field(
@@ -56,15 +58,21 @@ class Round(BaseModel):
     )
     threshold: float | None = Field(default=None, description="Confidence the question type needs.")
     decision: str = Field(
+        validation_alias=AliasChoices("outcome", "decision"),
         description="adaptive: increase_depth, sufficient, forced_depth, budget_exhausted:<b>; "
-        "other strategies: sufficient, next (another hop) or done."
+        "other strategies: sufficient, next (another hop) or done (the hop's `outcome`).",
     )
-    queries: int = 1
+    queries: int = Field(default=1, description="Queries searched (a hop's list: its length).")
     new_documents: int = 0
     latency_s: float = 0.0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: float = 0.0
+
+    @field_validator("queries", mode="before")
+    @classmethod
+    def _count(cls, value: object) -> object:
+        return len(value) if isinstance(value, list) else value
 
 
 class StepTime(BaseModel):

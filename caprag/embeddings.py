@@ -8,12 +8,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
 
 from caprag.errors import ConfigError
+from caprag.registry import Registry
 
 FloatArray = NDArray[np.float32]
 
@@ -134,18 +135,23 @@ def _normalise(matrix: FloatArray) -> FloatArray:
     return (matrix / np.clip(norms, 1e-12, None)).astype(np.float32)
 
 
-EMBEDDERS: dict[str, type[Embedder]] = {
-    MiniLMEmbedder.name: MiniLMEmbedder,
-    WordLlamaEmbedder.name: WordLlamaEmbedder,
-}
+EMBEDDERS: Registry[type[Embedder]] = Registry("embedding model")
+"""Every embedding model by its name (CAPRAG_EMBEDDING, `retriever.index.embedding`)."""
+
+E = TypeVar("E", bound=type[Embedder])
+
+
+def register_embedder(cls: E) -> E:
+    """Register an embedder class under its `name`; returns the class (usable as a decorator)."""
+    EMBEDDERS.register(cls.name, cls)
+    return cls
+
+
+register_embedder(MiniLMEmbedder)
+register_embedder(WordLlamaEmbedder)
 
 
 @functools.cache
 def get_embedder(name: str) -> Embedder:
     """Load an embedder once per process by its name."""
-    try:
-        cls = EMBEDDERS[name]
-    except KeyError:
-        allowed = ", ".join(sorted(EMBEDDERS))
-        raise ConfigError(f"unknown embedding model {name!r}; allowed: {allowed}") from None
-    return cls()
+    return EMBEDDERS.choose(name)()

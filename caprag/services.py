@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 
 from caprag.checkpoint import Retention, close_checkpointer, make_checkpointer, open_checkpointer
 from caprag.clock import Clock
-from caprag.config import ROLE_NAMES, PowerChoice, Settings, load_settings
+from caprag.config import PowerChoice, Settings, load_settings
 from caprag.conversation import Turn, turns
 from caprag.deadline import (
     CURRENT,
@@ -41,16 +41,11 @@ from caprag.graph import HISTORY_PAIRS, build_graph
 from caprag.llm import StructuredClient, build_openai_client
 from caprag.schemas import CallUsage, Document, Source
 from caprag.state import GraphState
-from caprag.steps import Steps, build_steps
+from caprag.steps import ROLES, Steps, build_steps
 from caprag.strategies import STRATEGIES, RetrievalStrategy, Retriever
 from caprag.trace import HopTrace
 
 MAX_QUESTION_CHARS = 4000
-
-STRATEGY_OPTIONS: dict[str, Callable[[Settings], dict[str, Any]]] = {
-    "multi-hop": lambda s: {"max_hops": s.max_hops, "expand_first_hop": s.expand_first_hop},
-    "adaptive": lambda s: {"depth_chunks": s.depth_chunks, "max_depth": len(s.depth_chunks)},
-}
 
 DEFAULT_POWER: PowerChoice = 2
 """The design's default: fixed depth 2 when a request chooses neither auto nor a power."""
@@ -159,16 +154,17 @@ def steps_from_settings(settings: Settings) -> Steps:
         client,
         rewrite_client=rewrite_client,
         price_model=settings.price_model,
-        choices={role: getattr(settings, role) for role in ROLE_NAMES},
+        choices={role: getattr(settings, role) for role in ROLES},
     )
 
 
 def build_strategy(
     name: str, retriever: Retriever, steps: Steps, settings: Settings
 ) -> RetrievalStrategy:
-    """The strategy the name selects, with its dependencies passed in."""
-    options = STRATEGY_OPTIONS.get(name, lambda _s: {})(settings)
-    return STRATEGIES[name](retriever, steps, k=settings.k, **options)
+    """The registered strategy the name selects, with its dependencies passed in and the
+    options it takes from the settings (its `served_options`)."""
+    cls = STRATEGIES.choose(name)
+    return cls(retriever, steps, k=settings.k, **cls.served_options(settings))
 
 
 class _Holders:
@@ -379,7 +375,7 @@ class Pipeline:
         usage = [u for u in (state.rewrite_usage,) if u]
         usage += [u for hop in state.hops for u in hop.usage]
         usage += [u for u in (state.generate_usage,) if u]
-        record.rounds = [round_of(hop) for hop in state.hops]
+        record.rounds = [Round.model_validate(hop, from_attributes=True) for hop in state.hops]
         record.stop_reason = stop_reason(state.hops)
         answer, sources = "", state.answer.sources if state.answer else []
         status: Status = "answered"
@@ -472,36 +468,12 @@ class Pipeline:
         return await asyncio.to_thread(self.decision_log.add_feedback, request_id, enough, comment)
 
 
-def round_of(hop: HopTrace) -> Round:
-    """A hop as the decision log keeps it."""
-    if hop.adaptive_decision is not None:
-        decision = hop.adaptive_decision
-    elif hop.decision is not None:
-        decision = "sufficient" if hop.decision.sufficient else "next"
-    else:
-        decision = "done"
-    return Round(
-        round=hop.hop,
-        depth=hop.depth,
-        chunks=hop.chunks,
-        confidence=hop.confidence,
-        threshold=hop.threshold,
-        decision=decision,
-        queries=len(hop.queries),
-        new_documents=hop.new_documents,
-        latency_s=hop.latency_s,
-        prompt_tokens=hop.prompt_tokens,
-        completion_tokens=hop.completion_tokens,
-        cost_usd=hop.cost_usd,
-    )
-
-
 def stop_reason(hops: list[HopTrace]) -> str | None:
     """How retrieval ended: the last round's decision (a multi-hop turn that still wanted
     another hop ran out of hops)."""
     if not hops:
         return None
-    last = round_of(hops[-1]).decision
+    last = hops[-1].outcome
     return "budget_exhausted:hops" if last == "next" else last
 
 
@@ -537,9 +509,9 @@ def build_pipeline(
 
     settings = settings or load_settings()
     steps = steps_from_settings(settings)
-    if ingest:
-        ingest_path(settings.corpus, settings)
     index = open_retriever(settings)
+    if ingest:
+        ingest_path(settings.corpus, settings, index=index)
     strategy = build_strategy(settings.retrieval_strategy, index, steps, settings)
     opener = functools.partial(
         open_checkpointer, settings.checkpointer, retention_from_settings(settings)

@@ -42,6 +42,16 @@ class HopTrace(BaseModel):
     hint: str | None = Field(default=None, description="Forced depth below threshold: advice.")
 
     @property
+    def outcome(self) -> str:
+        """How the hop ended, as the decision log names it: adaptive's decision; else the
+        analyzer's verdict, `sufficient` or `next` (another hop wanted); else `done`."""
+        if self.adaptive_decision is not None:
+            return self.adaptive_decision
+        if self.decision is not None:
+            return "sufficient" if self.decision.sufficient else "next"
+        return "done"
+
+    @property
     def prompt_tokens(self) -> int:
         """Prompt tokens spent in this hop."""
         return sum(u.prompt_tokens for u in self.usage)

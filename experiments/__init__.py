@@ -1,11 +1,17 @@
 """The caprag harness: Hydra experiments, metrics, MLflow tracking, reports, dashboard."""
 
+from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from caprag.config import PROJECT_ROOT
+from caprag.plugins import load_plugins
+from caprag.roles import ROLES
 from caprag.telemetry import disable_telemetry
 
 disable_telemetry()
 OmegaConf.register_new_resolver(
     "project", lambda sub="": str(PROJECT_ROOT / sub) if sub else str(PROJECT_ROOT), replace=True
 )
+ConfigStore.instance().store(name="step_roles", node={role: "auto" for role in ROLES})
+"""conf/config.yaml's top-level `<role>: auto` keys (expander=, analyzer=, ...), one per role."""
+load_plugins()  # CAPRAG_PLUGINS: registered before any config is composed or page drawn

@@ -32,6 +32,7 @@ ENV_KEYS = [
     "CAPRAG_ALLOWED_ORIGINS",
     "CAPRAG_POWER",
     "CAPRAG_DEPTH_CHUNKS",
+    "CAPRAG_PLUGINS",
 ]
 TEST_REQUEST_TIMEOUT_S = "300"
 """The serving time limit in tests (5 s by default): only a hang guard, so a busy machine never

@@ -34,7 +34,8 @@ FLOORS: dict[str, int] = {
     "experiments.<shim>": 5,
 }
 PACKAGE_FACE = "experiments"
-"""experiments/__init__.py: the package's face, below every room (it sets up resolvers only)."""
+"""experiments/__init__.py: the package's face, below every room (it sets up what Hydra resolves and
+composes with, and imports CAPRAG_PLUGINS)."""
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from caprag.catalog import Catalog
 from caprag.errors import ConfigError
 from caprag.llm.client import StructuredClient
 from caprag.llm.prompt import History, Prompt
+from caprag.roles import ROLES
 from caprag.schemas import Document
 from caprag.steps.analyze import (
     ANALYZE,
@@ -31,16 +32,6 @@ from caprag.steps.generate import GENERATE, GeneratedAnswer, LLMGenerator, RuleG
 from caprag.steps.rewrite import REWRITE, LLMRewriter, RuleRewriter
 
 ALL_PROMPTS: tuple[Prompt, ...] = (EXPAND, ANALYZE, GENERATE, REWRITE, CLASSIFY, ASSESS)
-
-ROLES: dict[str, str] = {
-    "expander": "expand",
-    "analyzer": "analyze",
-    "generator": "generate",
-    "rewriter": "rewrite",
-    "classifier": "classify",
-    "confidence": "assess",
-}
-"""The name a user chooses an implementation by (Hydra key, CAPRAG_<NAME> variable) → its step."""
 
 CHOICES = ("auto", *KINDS)
 """auto: the LLM when there is a client, else the rule."""

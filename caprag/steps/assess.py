@@ -207,7 +207,7 @@ class Calibration:
     """Signals → probability that every needed passage was read: a logistic model.
 
     p = 1 / (1 + exp(-(intercept + sum(weight * signal)))). Fitted by `python -m
-    experiments.scoring.calibration fit` on one dataset (`fitted_on` says which) and to be judged on
+    experiments.calibration fit` on one dataset (`fitted_on` says which) and to be judged on
     another.
     """
 

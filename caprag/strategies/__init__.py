@@ -1,15 +1,36 @@
-"""Retrieval strategies behind one interface, and the registry that names them."""
+"""Retrieval strategies behind one interface, and the registry that names them.
 
+A strategy of your own is a RetrievalStrategy subclass with a `name`, registered once:
+`register_strategy(MyStrategy)` (or as a class decorator). RETRIEVAL_STRATEGY, the harness's
+`strategy=NAME` and the dashboard's Ask page then offer it.
+"""
+
+from typing import TypeVar
+
+from caprag.registry import Registry
 from caprag.strategies.adaptive import AdaptiveDepthStrategy
-from caprag.strategies.base import DocumentPool, RetrievalStrategy, Retriever
+from caprag.strategies.base import DocumentPool, RetrievalStrategy, Retriever, ServedSettings
 from caprag.strategies.multi_hop import MultiHopStrategy
 from caprag.strategies.multi_question import MultiQuestionStrategy
 from caprag.strategies.single import SingleQueryStrategy
 
-STRATEGIES: dict[str, type[RetrievalStrategy]] = {
-    cls.name: cls
-    for cls in (SingleQueryStrategy, MultiQuestionStrategy, MultiHopStrategy, AdaptiveDepthStrategy)
-}
+STRATEGIES: Registry[type[RetrievalStrategy]] = Registry("strategy")
+"""Every strategy by its name (RETRIEVAL_STRATEGY, Hydra's `strategy=`)."""
+
+
+S = TypeVar("S", bound=type[RetrievalStrategy])
+
+
+def register_strategy(cls: S) -> S:
+    """Register a strategy class under its `name`; returns the class (usable as a decorator)."""
+    STRATEGIES.register(cls.name, cls)
+    return cls
+
+
+register_strategy(SingleQueryStrategy)
+register_strategy(MultiQuestionStrategy)
+register_strategy(MultiHopStrategy)
+register_strategy(AdaptiveDepthStrategy)
 
 __all__ = [
     "STRATEGIES",
@@ -19,5 +40,7 @@ __all__ = [
     "MultiQuestionStrategy",
     "RetrievalStrategy",
     "Retriever",
+    "ServedSettings",
     "SingleQueryStrategy",
+    "register_strategy",
 ]

@@ -6,7 +6,7 @@ import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from caprag.catalog import Catalog
 from caprag.clock import Clock, MonotonicClock
@@ -17,7 +17,13 @@ from caprag.state import GraphState
 from caprag.steps import Steps
 from caprag.steps.analyze import MAX_NEW_QUERIES, follow_up
 from caprag.steps.assess import NOT_FOUND, Calibration
-from caprag.strategies.base import FollowedContext, RetrievalStrategy, Retriever, elapsed
+from caprag.strategies.base import (
+    FollowedContext,
+    RetrievalStrategy,
+    Retriever,
+    ServedSettings,
+    elapsed,
+)
 from caprag.trace import HopTrace
 
 BUDGETS = ("depth", "iterations", "chunks", "tokens", "timeout")
@@ -203,6 +209,11 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
         if not 1 <= power <= self.budget.max_depth:
             raise ValueError(f"power must be 'auto' or 1-{self.budget.max_depth}, not {power}")
         return power
+
+    @classmethod
+    def served_options(cls, settings: ServedSettings) -> dict[str, Any]:
+        """CAPRAG_DEPTH_CHUNKS: the ladder, every depth of it usable."""
+        return {"depth_chunks": settings.depth_chunks, "max_depth": len(settings.depth_chunks)}
 
     def max_llm_calls(self) -> dict[str, int]:
         """A classification, and a self-assessment per iteration when confidence is the LLM's

@@ -6,7 +6,7 @@ import asyncio
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from caprag.schemas import CallUsage, Document, Question, RetrievedRef
 from caprag.state import GraphState
@@ -20,6 +20,30 @@ class Retriever(Protocol):
 
     def search(self, query: str, k: int) -> list[Document]:
         """Top-k passages, best first."""
+        ...
+
+
+class ServedSettings(Protocol):
+    """What a served strategy may read of the settings (caprag.config.Settings has it all)."""
+
+    @property
+    def k(self) -> int:
+        """Passages handed to generation (CAPRAG_K)."""
+        ...
+
+    @property
+    def max_hops(self) -> int:
+        """Multi-hop's most hops (CAPRAG_MAX_HOPS)."""
+        ...
+
+    @property
+    def expand_first_hop(self) -> bool:
+        """Multi-hop searches the question's expansion on its first hop."""
+        ...
+
+    @property
+    def depth_chunks(self) -> list[int]:
+        """Adaptive's ladder: passages per depth (CAPRAG_DEPTH_CHUNKS)."""
         ...
 
 
@@ -131,6 +155,12 @@ class RetrievalStrategy(ABC):
         self.steps = steps
         """The LLM steps (each by its rule or by a model) the strategy calls."""
         self.k = k
+
+    @classmethod
+    def served_options(cls, settings: ServedSettings) -> dict[str, Any]:
+        """The constructor options the API and the CLI take from their settings, beside the
+        retriever, the steps and k (none by default; the harness gets them from Hydra)."""
+        return {}
 
     @abstractmethod
     async def execute(self, state: GraphState) -> GraphState:

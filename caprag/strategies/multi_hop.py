@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
 from caprag.catalog import Catalog
 from caprag.schemas import CallUsage, Question, RetrievedRef
 from caprag.state import GraphState
 from caprag.steps import Steps
-from caprag.strategies.base import FollowedContext, RetrievalStrategy, Retriever, elapsed
+from caprag.strategies.base import (
+    FollowedContext,
+    RetrievalStrategy,
+    Retriever,
+    ServedSettings,
+    elapsed,
+)
 from caprag.trace import HopTrace
 
 
@@ -46,6 +53,11 @@ class MultiHopStrategy(RetrievalStrategy):
         """Search the question's expansion (the `expand` step) beside it on the first hop."""
         self.n_subquestions = n_subquestions
         self._catalog: Catalog | None = None
+
+    @classmethod
+    def served_options(cls, settings: ServedSettings) -> dict[str, Any]:
+        """CAPRAG_MAX_HOPS and CAPRAG_EXPAND_FIRST_HOP."""
+        return {"max_hops": settings.max_hops, "expand_first_hop": settings.expand_first_hop}
 
     def max_llm_calls(self) -> dict[str, int]:
         """An analysis after every hop but the last (and one expansion when enabled)."""

@@ -19,6 +19,7 @@ from hydra import compose, initialize_config_dir
 
 from caprag.config import PROJECT_ROOT
 from experiments.harness.run import RunResult, run
+from experiments.results import metrics as registry
 from experiments.results.tables import markdown_table
 from experiments.results.tracking import git_commit
 
@@ -30,26 +31,35 @@ PER_SET = 25
 
 @dataclass(frozen=True)
 class Tolerance:
-    """How far a metric may move the wrong way before it counts as a regression."""
+    """How far a metric may move the wrong way before it counts as a regression (which way is
+    wrong is the metric's direction, experiments.results.metrics)."""
 
-    higher_is_better: bool
     absolute: float = 0.0
     relative: float = 0.0
 
-    def allowed(self, baseline: float) -> float:
+    def allowed(self, baseline: float, higher_is_better: bool) -> float:
         """The worst value still accepted."""
         slack = max(self.absolute, abs(baseline) * self.relative)
-        return baseline - slack if self.higher_is_better else baseline + slack
+        return baseline - slack if higher_is_better else baseline + slack
 
 
 TOLERANCES = {
-    "recall_at_k": Tolerance(True, absolute=0.02),
-    "all_gold_at_k": Tolerance(True, absolute=0.02),
-    "mrr": Tolerance(True, absolute=0.02),
-    "f1": Tolerance(True, absolute=0.02),
-    "ragas_context_recall": Tolerance(True, absolute=0.02),
-    "tokens": Tolerance(False, relative=0.15),
+    "recall_at_k": Tolerance(absolute=0.02),
+    "all_gold_at_k": Tolerance(absolute=0.02),
+    "mrr": Tolerance(absolute=0.02),
+    "f1": Tolerance(absolute=0.02),
+    "ragas_context_recall": Tolerance(absolute=0.02),
+    "tokens": Tolerance(relative=0.15),
 }
+"""The metrics the gate checks and how far each may move the wrong way."""
+
+
+def higher_is_better(metric: str) -> bool:
+    """The gated metric's direction; a metric without one cannot be gated."""
+    direction = registry.get(metric).higher_is_better
+    if direction is None:
+        raise ValueError(f"{metric} has no better direction (experiments.results.metrics)")
+    return direction
 
 
 def evaluate(overrides: list[str]) -> dict[str, dict[str, float]]:
@@ -92,34 +102,38 @@ def compare(
     rows: list[list[str]] = []
     regressions = 0
     for key in sorted(baseline):
-        for metric, tolerance in TOLERANCES.items():
-            if metric not in baseline[key]:
+        for name, tolerance in TOLERANCES.items():
+            if name not in baseline[key]:
                 continue
-            before = baseline[key][metric]
-            after = now.get(key, {}).get(metric)
+            metric = registry.get(name)
+            before = baseline[key][name]
+            after = now.get(key, {}).get(name)
             if after is None:
                 status, regressions = "MISSING", regressions + 1
-                rows.append([key, metric, f"{before:.4f}", "—", "", "", status])
+                rows.append([key, metric.heading, metric.display(before), "—", "", "", status])
                 continue
-            limit = tolerance.allowed(before)
-            worse = after < limit if tolerance.higher_is_better else after > limit
+            higher = higher_is_better(name)
+            limit = tolerance.allowed(before, higher)
+            worse = after < limit if higher else after > limit
             status = "REGRESSION" if worse else "ok"
             regressions += worse
+            change = after - before
             rows.append(
                 [
                     key,
-                    metric,
-                    f"{before:.4f}",
-                    f"{after:.4f}",
-                    f"{after - before:+.4f}",
-                    f"{limit:.4f}",
+                    metric.heading,
+                    metric.display(before),
+                    metric.display(after),
+                    ("+" if change >= 0 else "") + metric.display(change),
+                    metric.display(limit),
                     status,
                 ]
             )
         failed = now.get(key, {}).get("failed", 0.0)
         if failed:
             regressions += 1
-            rows.append([key, "failed questions", "0", f"{failed:.0f}", "", "0", "REGRESSION"])
+            metric = registry.get("failed")
+            rows.append([key, metric.heading, "0", metric.display(failed), "", "0", "REGRESSION"])
     return rows, regressions
 
 
@@ -140,7 +154,10 @@ def main(argv: list[str] | None = None) -> int:
             "created": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "commit": git_commit(),
             "questions_per_set": PER_SET,
-            "tolerances": {k: vars(v) for k, v in TOLERANCES.items()},
+            "tolerances": {
+                k: {"higher_is_better": higher_is_better(k), **vars(v)}
+                for k, v in TOLERANCES.items()
+            },
             "results": now,
         }
         args.baseline.write_text(json.dumps(payload, indent=1) + "\n")

@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt
 
 from caprag.config import PROJECT_ROOT
 from experiments.cli.summary import slice_sections
+from experiments.results import metrics as registry
 from experiments.results.runs import LoadedRun, connect, distinct_labels, load_run
 from experiments.results.tables import compare_table
 from experiments.scoring.calibration import expected_calibration_error, reliability
@@ -23,19 +24,6 @@ from experiments.scoring.oracle import markdown as oracle_markdown
 from experiments.scoring.significance import compare_runs, render_table
 
 REPORTS = PROJECT_ROOT / "reports"
-SET_METRICS = [
-    "recall_at_k",
-    "all_gold_at_k",
-    "mrr",
-    "correct_refusal",
-    "false_refusal",
-    "f1",
-    "hops",
-    "llm_calls",
-    "tokens",
-    "cost_usd",
-    "latency_s",
-]
 
 
 def plot_recall_per_hop(runs: list[LoadedRun], path: Path) -> None:
@@ -82,8 +70,8 @@ def plot_cost_quality(runs: list[LoadedRun], path: Path) -> None:
         ax.annotate(
             run.label, (tokens, recall), textcoords="offset points", xytext=(5, 5), fontsize=8
         )
-    ax.set_xlabel("tokens per question (prompt + completion)")
-    ax.set_ylabel("gold-passage recall@k")
+    ax.set_xlabel(registry.get("tokens").heading + " per question")
+    ax.set_ylabel(registry.get("recall_at_k").heading)
     ax.grid(alpha=0.3)
     ax.set_title("Cost vs quality")
     fig.tight_layout()
@@ -194,7 +182,7 @@ def write_report(
         compare_table([(r.label, r.metrics, r.coverage()) for r in runs]),
         "",
     ]
-    lines += slice_sections(runs, SET_METRICS)
+    lines += slice_sections(runs)
     lines += oracle_section(runs)
     if baseline is not None:
         lines += baseline_section(runs, baseline)

@@ -6,18 +6,21 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from experiments.results import metrics as registry
 from experiments.results.runs import LoadedRun, connect, distinct_labels, latest_sweep, load_run
 from experiments.results.slices import DIMENSION_LABELS, DIMENSIONS, slice_means
-from experiments.results.tables import compare_table, fmt, markdown_table
+from experiments.results.tables import compare_table, markdown_table
 from experiments.results.tracking import tracking_uri
 
-SET_METRICS = ["recall_at_k", "all_gold_at_k", "f1", "hops", "tokens", "cost_usd", "latency_s"]
 
-
-def slice_sections(runs: Sequence[LoadedRun], metrics: Sequence[str]) -> list[str]:
+def slice_sections(runs: Sequence[LoadedRun], metrics: Sequence[str] | None = None) -> list[str]:
     """'## By question set' (and type, gold hops) with a Markdown table each: one row per run
-    and slice. A type or gold-hops breakdown where no run has two slices is left out (it would
-    repeat the table of all questions)."""
+    and slice, a column per metric (default: those registered as `sliced`). A type or gold-hops
+    breakdown where no run has two slices is left out (it would repeat the table of all
+    questions)."""
+    if metrics is None:
+        metrics = registry.names(registry.sliced())
+    headings = [registry.get(m).heading for m in metrics]
     lines: list[str] = []
     for by in DIMENSIONS:
         tables = [(run, slice_means(run.questions, metrics, by)) for run in runs]
@@ -30,15 +33,14 @@ def slice_sections(runs: Sequence[LoadedRun], metrics: Sequence[str]) -> list[st
             for key, values in table.iterrows()
         ]
         if rows:
-            header = ["run", DIMENSION_LABELS[by], "questions", *metrics]
+            header = ["run", DIMENSION_LABELS[by], "questions", *headings]
             lines += [f"## By {DIMENSION_LABELS[by]}", "", markdown_table(header, rows), ""]
     return lines
 
 
 def _cell(value: object, metric: str) -> str:
-    if value is None or not isinstance(value, int | float) or value != value:
-        return "—"
-    return fmt(float(value), metric)
+    number = float(value) if isinstance(value, int | float) else None
+    return registry.get(metric).display(number)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     distinct_labels(runs)
     print("\n## All questions\n")
     print(compare_table([(r.label, r.metrics, r.coverage()) for r in runs]))
-    sections = slice_sections(runs, SET_METRICS)
+    sections = slice_sections(runs)
     if sections:
         print("\n" + "\n".join(sections).rstrip())
     uri = tracking_uri()

@@ -14,7 +14,8 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
-from experiments.dashboard.data import COST, QUALITY, pareto_front
+from experiments.dashboard.data import pareto_front
+from experiments.results import metrics as registry
 from experiments.scoring.oracle import ORACLE
 
 STRATEGY_COLOURS = {
@@ -71,15 +72,24 @@ def _money_axis(fig: go.Figure, axis: str = "x") -> None:
     update(tickprefix="$", tickformat=USD_TICKS, exponentformat="none")
 
 
+def _is_money(unit: str) -> bool:
+    """Whether values in this unit are dollars ('USD', 'USD per 1,000 questions')."""
+    return unit.split(" ")[0] == "USD"
+
+
 def cost_quality(runs: pd.DataFrame, cost: str, quality: str, selected: list[str]) -> go.Figure:
     """Each run as a point (cost vs quality) in its strategy's colour: runs on the Pareto front
     filled with a dark outline, the others open rings; the front as a line; selected runs
-    larger."""
+    larger. Axes in the metrics' displayed units (cost per 1,000 questions)."""
+    x_metric, y_metric = registry.get(cost), registry.get(quality)
     frame = runs.dropna(subset=[cost, quality]).copy()
     frame["on_front"] = pareto_front(frame, cost, quality)
     frame["is_selected"] = frame["run_id"].isin(selected)
-    money = cost == "cost_usd"
-    x_hover = "$%{x:.6~f}" if money else "%{x:,.0f}"
+    frame[cost] = x_metric.scaled(frame[cost])
+    frame[quality] = y_metric.scaled(frame[quality])
+    money = _is_money(x_metric.unit)
+    x_hover = f"{x_metric.format.prefix}%{{x:,.{x_metric.format.decimals}f}}"
+    y_hover = f"{y_metric.format.prefix}%{{y:,.{y_metric.format.decimals}f}}"
     fig = go.Figure()
     for strategy in sorted(frame["strategy"].astype(str).unique()):
         colour = strategy_colour(strategy)
@@ -100,8 +110,8 @@ def cost_quality(runs: pd.DataFrame, cost: str, quality: str, selected: list[str
                     showlegend=False,
                     customdata=part[["label", "dataset", "llm", "run_id"]].astype(str).to_numpy(),
                     hovertemplate="<b>%{customdata[0]}</b><br>"
-                    + f"{COST.get(cost, cost)}: {x_hover}<br>"
-                    + f"{QUALITY.get(quality, quality)}: %{{y:.3f}}<br>"
+                    + f"{x_metric.heading}: {x_hover}<br>"
+                    + f"{y_metric.heading}: {y_hover}<br>"
                     + ("on the Pareto front" if on_front else "dominated")
                     + "<br>dataset %{customdata[1]} · llm %{customdata[2]}"
                     + "<br>run %{customdata[3]}<extra></extra>",
@@ -131,8 +141,8 @@ def cost_quality(runs: pd.DataFrame, cost: str, quality: str, selected: list[str
     fig.update_layout(
         height=420,
         legend_title_text="",
-        xaxis_title=COST.get(cost, cost),
-        yaxis_title=QUALITY.get(quality, quality),
+        xaxis_title=x_metric.heading,
+        yaxis_title=y_metric.heading,
     )
     if money:
         _money_axis(fig)
@@ -205,8 +215,9 @@ def calibration(table: pd.DataFrame) -> go.Figure:
 
 
 def oracle(summary: pd.DataFrame, cost: str, strategy_of: Mapping[str, str]) -> go.Figure:
-    """Total cost (`cost`: 'USD' or 'tokens') vs mean recall@k of each run (label → strategy in
-    `strategy_of`), and of the perfect router as a star."""
+    """Total cost (of the metric `cost`: tokens or cost_usd) vs mean recall@k of each run
+    (label → strategy in `strategy_of`), and of the perfect router as a star."""
+    counted, recall = registry.get(cost), registry.get("recall_at_k")
     runs = summary[summary["run"] != ORACLE]
     router = summary[summary["run"] == ORACLE]
     fig = px.scatter(
@@ -215,7 +226,7 @@ def oracle(summary: pd.DataFrame, cost: str, strategy_of: Mapping[str, str]) -> 
         y="recall",
         color="run",
         hover_data={"routed": True, "saves": ":.1%"},
-        labels={"total": f"total {cost}", "recall": "mean gold-passage recall@k"},
+        labels={"total": counted.total_heading, "recall": recall.heading},
     )
     for trace in fig.data:
         trace.update(marker={"color": strategy_colour(strategy_of.get(str(trace.name), "?"))})
@@ -231,6 +242,6 @@ def oracle(summary: pd.DataFrame, cost: str, strategy_of: Mapping[str, str]) -> 
     fig.update_traces(selector={"mode": "markers"}, marker_size=14)
     fig.update_yaxes(range=[0, 1.05])
     fig.update_layout(height=400, legend_title_text="", legend={"orientation": "h", "y": -0.25})
-    if cost == "USD":
+    if _is_money(counted.total_unit or counted.unit):
         _money_axis(fig)
     return fig

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
-from experiments.results.tables import SHOWN, fmt
+from caprag.decision_log import Round
+from caprag.schemas import CallUsage
+from caprag.trace import HopTrace
+from experiments.results import metrics as registry
+from experiments.results.row import SCHEMA, QuestionRow, rows_of
 from experiments.scoring.oracle import ORACLE, OracleResult
 from experiments.scoring.significance import question_means
 
@@ -26,14 +29,13 @@ IDENTITY = {
 }
 RUN_COLUMNS = ["run_id", "experiment_id", "start_time", "status", *IDENTITY]
 UNKNOWN = "?"
-CURRENT_SCHEMA = "1"
-QUALITY = {
-    "recall_at_k": "gold-passage recall@k",
-    "f1": "token F1",
-    "all_gold_at_k": "all gold in k",
-}
-COST = {"tokens": "tokens / question", "cost_usd": "USD / question"}
-COST_TOTAL = {"tokens": "tokens", "cost_usd": "USD"}
+CURRENT_SCHEMA = SCHEMA
+READABLE_SCHEMAS = ("1", SCHEMA)
+"""Schemas whose tables this dashboard reads (1 through the legacy adapter: `row.normalised`)."""
+QUALITY = ("recall_at_k", "f1", "all_gold_at_k")
+"""The quality axes the Compare page offers (labels and units: experiments.results.metrics)."""
+COST = ("tokens", "cost_usd")
+"""The cost axes (and what the oracle counts) the Compare page offers."""
 POWER_PARAM = "params.strategy.power"
 """The adaptive strategy's power (auto, 1, 2, 3) as the harness logs it."""
 AUTO = "auto"
@@ -120,35 +122,55 @@ def schema_warning(run: pd.Series) -> str | None:
             f"Run {run['run_id']} has no `caprag.schema` tag: it was logged by an older caprag, "
             "so some metrics, tags or per-question columns may be missing (shown as —)."
         )
-    if schema != CURRENT_SCHEMA:
+    if schema not in READABLE_SCHEMAS:
         return f"Run {run['run_id']} uses schema {schema}; this dashboard reads {CURRENT_SCHEMA}."
     return None
 
 
-COST_PER_1K = "cost $ / 1,000 questions"
-"""How the dashboard's tables show `cost_usd` (dollars per question are too small to read)."""
+def table_metrics() -> list[registry.Metric]:
+    """The per-question metrics the Compare page's tables show (and recomputes on a slice)."""
+    return [m for m in registry.listed() if m.per_question]
 
 
-def metric_table(runs: pd.DataFrame, metrics: Sequence[tuple[str, str]] = SHOWN) -> pd.DataFrame:
-    """Metrics side by side, one column per run: 'value (n/total)' where coverage is partial."""
+def metric_table(runs: pd.DataFrame, metrics: Sequence[str] | None = None) -> pd.DataFrame:
+    """Metrics side by side (default: every listed per-question one, experiments.results.metrics),
+    one column per run, one row per metric any run has, titled by its heading: 'value (n/total)'
+    where coverage is partial."""
+    names = registry.names(table_metrics()) if metrics is None else metrics
+    shown = [registry.get(n) for n in names if n in runs.columns and runs[n].notna().any()]
     table: dict[str, list[str]] = {}
-    shown = [(n, label) for n, label in metrics if n in runs.columns and runs[n].notna().any()]
     for _, run in runs.iterrows():
         total = run.get("questions")
         cells = []
-        for name, _label in shown:
-            value = run.get(name)
-            if name == "cost_usd" and pd.notna(value):  # as on the Runs page
-                cell = f"${float(value) * 1000:.3f}"
-            else:
-                cell = fmt(None if pd.isna(value) else float(value), name)
-            share = run.get(f"{name}.coverage")
+        for metric in shown:
+            value = run.get(metric.name)
+            cell = metric.display(None if pd.isna(value) else float(value))
+            share = run.get(f"{metric.name}.coverage")
             if pd.notna(share) and pd.notna(total) and float(share) < 1.0:
                 cell += f" ({round(float(share) * float(total))}/{int(total)})"
             cells.append(cell)
         table[str(run["label"])] = cells
-    labels = [COST_PER_1K if name == "cost_usd" else label for name, label in shown]
-    return pd.DataFrame(table, index=labels)
+    return pd.DataFrame(table, index=[metric.heading for metric in shown])
+
+
+NOT_METRICS = {"questions", "failed"}
+"""Run-level counts the metric pickers leave out (the Runs page shows questions as a detail)."""
+
+
+def metric_choices(runs: pd.DataFrame) -> list[str]:
+    """The metrics a user can pick among the runs' columns: the registered ones in display
+    order, then the rest (per-slice metrics such as recall_at_k/cross_book, metrics nobody
+    registered) by name; coverage shares and run-level counts left out."""
+    usual = registry.names(registry.all())
+    numeric = [
+        c
+        for c in runs.columns
+        if pd.api.types.is_numeric_dtype(runs[c])
+        and not c.endswith(".coverage")
+        and c not in NOT_METRICS
+        and runs[c].notna().any()
+    ]
+    return [m for m in usual if m in numeric] + sorted(c for c in numeric if c not in usual)
 
 
 def pareto_front(frame: pd.DataFrame, cost: str, quality: str) -> pd.Series:
@@ -180,113 +202,48 @@ def recall_curve(runs: pd.DataFrame, hops: int = 3) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["label", "strategy", "hop", "recall"])
 
 
-@dataclass
-class TraceView:
-    """What the trace view shows for one answered question (logged or asked live)."""
-
-    question: str
-    main_question: str
-    hops: list[dict[str, Any]]
-    answer: str
-    context_ids: list[str]
-    gold_answer: str = ""
-    gold_ids: list[str] = field(default_factory=list)
-    status: str = "ok"
-    error: str = ""
-    sections: dict[str, str] = field(default_factory=dict)
-    calls: list[dict[str, Any]] | None = None
-    """Every LLM step of the turn in order (CallUsage as data); None when the run did not record
-    them (tables logged before the `calls` column)."""
-
-
-def trace_from_row(row: pd.Series) -> TraceView:
-    """A logged question row (JSON columns decoded; columns an older table lacks left empty)."""
-    hops = _json(row.get("trace"), [])
-    sections = {
-        doc["passage_id"]: doc.get("section", "")
-        for hop in hops
-        for doc in hop.get("documents", [])
-        if doc.get("section")
-    }
-    return TraceView(
-        question=str(row.get("question", "") or ""),
-        main_question=str(row.get("main_question", "") or ""),
-        hops=hops,
-        answer=str(row.get("answer", "") or ""),
-        context_ids=_json(row.get("context_ids"), []),
-        gold_answer=str(row.get("gold_answer", "") or ""),
-        gold_ids=_json(row.get("gold_ids"), []),
-        status=str(row.get("status", "ok") or "ok"),
-        error=str(row.get("error", "") or ""),
-        sections=sections,
-        calls=_calls(row.get("calls")),
-    )
-
-
-def _json(value: Any, default: list[Any]) -> list[Any]:
-    if isinstance(value, str) and value:
-        decoded = json.loads(value)
-        return list(decoded) if isinstance(decoded, list) else default
-    return default
-
-
-def _calls(value: Any) -> list[dict[str, Any]] | None:
-    """The `calls` column decoded; None when the table has no such column (or no value)."""
-    if not isinstance(value, str):
-        return None
-    if not value:
-        return []
-    try:
-        decoded = json.loads(value)
-    except json.JSONDecodeError:
-        return None
-    return [c for c in decoded if isinstance(c, dict)] if isinstance(decoded, list) else None
-
-
 RULE_MODEL = "offline"
 """The `model` of a step answered by its rule (no call sent)."""
 
 
-def is_rule(call: dict[str, Any]) -> bool:
+def is_rule(call: CallUsage) -> bool:
     """Whether a usage record is a rule step's (nothing sent) rather than a model call's."""
-    return str(call.get("model", "")) == RULE_MODEL
+    return call.model == RULE_MODEL
 
 
-def steps_ran(calls: Sequence[dict[str, Any]]) -> dict[str, str]:
+def steps_ran(calls: Sequence[CallUsage]) -> dict[str, str]:
     """Step → 'rule' or the model that answered it, in the order the steps first ran."""
     ran: dict[str, list[str]] = {}
     for call in calls:
-        by = "rule" if is_rule(call) else str(call.get("model") or "model")
-        seen = ran.setdefault(str(call.get("step") or "?"), [])
+        by = "rule" if is_rule(call) else (call.model or "model")
+        seen = ran.setdefault(call.step or "?", [])
         if by not in seen:
             seen.append(by)
     return {step: " + ".join(by) for step, by in ran.items()}
 
 
-def call_line(number: int, call: dict[str, Any]) -> str:
+def call_line(number: int, call: CallUsage) -> str:
     """One call in one Markdown line: step, rule or model, tokens, cost, attempts, error, notes."""
-    step = _escape(str(call.get("step") or "?"))
-    tokens = f"{int(call.get('prompt_tokens') or 0)} + {int(call.get('completion_tokens') or 0)}"
-    cost = f"\\${float(call.get('cost_usd') or 0.0):.6f}"
+    step = _escape(call.step or "?")
+    tokens = f"{call.prompt_tokens} + {call.completion_tokens}"
+    cost = f"\\${call.cost_usd:.6f}"
     if is_rule(call):
         parts = [f"rule: no call sent · {tokens} tokens if sent · {cost} estimated"]
     else:
-        attempts = int(call.get("attempts") or 1)
         parts = [
-            f"model `{str(call.get('model') or '?').replace('`', '')}`",
+            f"model `{(call.model or '?').replace('`', '')}`",
             f"{tokens} tokens",
             cost,
-            f"{attempts} attempt{'s' if attempts != 1 else ''}",
+            f"{call.attempts} attempt{'s' if call.attempts != 1 else ''}",
         ]
-        if call.get("cached"):
+        if call.cached:
             parts.append("cached (nothing sent this time)")
-        if call.get("messages") is None:
+        if call.messages is None:
             parts.append("messages not recorded")
-    if call.get("error"):
-        parts.append(f"**error:** {_escape(str(call['error']))}")
-    notes = [str(n) for n in call.get("notes") or []]
-    if notes:
-        parts.append("**notes:** " + "; ".join(_escape(n) for n in notes))
+    if call.error:
+        parts.append(f"**error:** {_escape(call.error)}")
+    if call.notes:
+        parts.append("**notes:** " + "; ".join(_escape(n) for n in call.notes))
     return f"{number}. **{step}** · " + " · ".join(parts)
 
 
@@ -298,19 +255,19 @@ def _escape(text: str) -> str:
     return " ".join(text.split()).translate(_MARKDOWN)
 
 
-def hop_documents(hop: dict[str, Any], sections: dict[str, str]) -> pd.DataFrame:
-    """One hop's documents as a table: passage, book, page, score, new/duplicate, gold."""
+def hop_documents(hop: HopTrace, row: QuestionRow) -> pd.DataFrame:
+    """One hop's documents as a table: passage, book, page, section, score, new/duplicate, gold."""
     rows = [
         {
-            "passage": doc.get("passage_id", ""),
-            "book": doc.get("book_id", ""),
-            "page": doc.get("page", ""),
-            "section": doc.get("section") or sections.get(doc.get("passage_id", ""), ""),
-            "score": round(float(doc.get("score", 0.0)), 3),
-            "seen": "new" if doc.get("new", True) else "duplicate",
-            "gold": "★ gold" if doc.get("gold") else "",
+            "passage": doc.passage_id,
+            "book": doc.book_id,
+            "page": doc.page,
+            "section": row.passage(doc.passage_id).section,
+            "score": round(doc.score, 3),
+            "seen": "new" if doc.new else "duplicate",
+            "gold": "★ gold" if row.is_gold(doc.passage_id) else "",
         }
-        for doc in hop.get("documents", [])
+        for doc in hop.documents
     ]
     return pd.DataFrame(
         rows, columns=["passage", "book", "page", "section", "score", "seen", "gold"]
@@ -418,25 +375,19 @@ def _mean_or_none(values: pd.Series) -> float | None:
     return float(clean.mean()) if len(clean) else None
 
 
-def decision_log(hops: Sequence[dict[str, Any]]) -> pd.DataFrame:
+def decision_log(hops: Sequence[HopTrace]) -> pd.DataFrame:
     """The adaptive decision of each round: depth, chunks, confidence, threshold, decision
     (empty when the trace has no adaptive round: another strategy, or an older run)."""
     return pd.DataFrame(_rounds(hops), columns=DECISION_LOG)
 
 
-def _rounds(hops: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The adaptive rounds of a trace as plain records (hops without a depth left out)."""
+def _rounds(hops: Sequence[HopTrace]) -> list[dict[str, Any]]:
+    """The adaptive rounds of a trace as the decision log keeps them (hops without a depth left
+    out)."""
     return [
-        {
-            "round": int(hop.get("hop") or position),
-            "depth": int(hop["depth"]),
-            "chunks": hop.get("chunks"),
-            "confidence": hop.get("confidence"),
-            "threshold": hop.get("threshold"),
-            "decision": str(hop.get("adaptive_decision") or ""),
-        }
-        for position, hop in enumerate(hops, start=1)
-        if hop.get("depth") is not None
+        Round.model_validate(hop, from_attributes=True).model_dump(include=set(DECISION_LOG))
+        for hop in hops
+        if hop.depth is not None
     ]
 
 
@@ -456,22 +407,20 @@ def deeper_questions(table: pd.DataFrame) -> pd.DataFrame:
     `table`, to open its trace): rounds, the depth, confidence and decision of each round, the
     threshold, and the recall@k reached."""
     rows = {}
-    traces = table["trace"] if "trace" in table.columns else pd.Series("", index=table.index)
-    for position, trace in enumerate(traces):
-        log = _rounds(_json(trace, []))
+    for index, row in zip(table.index, rows_of(table), strict=True):
+        log = _rounds(row.hops)
         if not log or log[-1]["depth"] <= log[0]["depth"]:
             continue
-        row, index = table.iloc[position], table.index[position]
         rows[index] = {
-            "question_id": str(row.get("question_id", index)),
-            "set": str(row.get("set", "") or ""),
-            "question": str(row.get("question", "") or ""),
+            "question_id": row.question_id or str(index),
+            "set": row.set,
+            "question": row.question,
             "rounds": len(log),
             "depths": " → ".join(str(r["depth"]) for r in log),
             "confidences": " → ".join(percent(r["confidence"]) for r in log),
             "threshold": percent(log[-1]["threshold"]),
             "decisions": " → ".join(r["decision"] for r in log),
-            "recall_at_k": row.get("recall_at_k", float("nan")),
+            "recall_at_k": row.values.get("recall_at_k", float("nan")),
         }
     frame = pd.DataFrame.from_dict(rows, orient="index", columns=DEEPER)
     return frame.astype({"rounds": "int64"}) if not frame.empty else frame
@@ -512,12 +461,12 @@ def oracle_display(summary: pd.DataFrame, what: str) -> pd.DataFrame:
     return summary.assign(saves=saves)
 
 
-def oracle_cell(value: Any, kind: str) -> str:
-    """A total as the page writes it: tokens whole, USD to 6 places, recall to 3."""
-    if value is None or pd.isna(value):
-        return "—"
-    if kind == "tokens":
-        return f"{float(value):,.0f} tokens"
-    if kind == "cost_usd":
-        return f"{float(value):.6f} USD"
-    return f"{float(value):.3f}"
+def oracle_cell(value: Any, name: str, total: bool = False) -> str:
+    """A value of the metric `name` as the page writes it (`total`: a sum over questions, with
+    its unit: '12,345 tokens', '0.004321 USD')."""
+    metric = registry.get(name)
+    number = None if value is None or pd.isna(value) else float(value)
+    if not total:
+        return metric.display(number)
+    unit = metric.total_unit or metric.unit
+    return metric.display_total(number) + (f" {unit}" if unit and number is not None else "")

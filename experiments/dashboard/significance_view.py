@@ -46,11 +46,12 @@ def comparison(
 
 def significance_table(comparisons: list[MetricComparison]) -> Styler:
     """The comparison table, p < 0.05 highlighted (green where B is better, red where A is)."""
-    frame = pd.DataFrame([row[1:] for row in table_rows(comparisons)], columns=header()[1:])
+    rows = table_rows(comparisons)
+    frame = pd.DataFrame([row[1:] for row in rows], columns=header()[1:])
     if not frame["note"].str.len().any():
         frame = frame.drop(columns="note")
-    frame.index = pd.Index([c.metric for c in comparisons], name="metric")
-    better = {c.metric: c.better(ALPHA) for c in comparisons}
+    frame.index = pd.Index([row[0] for row in rows], name="metric")  # the metrics' headings
+    better = {row[0]: c.better(ALPHA) for row, c in zip(rows, comparisons, strict=True)}
 
     def shade(row: pd.Series) -> list[str]:
         return [HIGHLIGHT.get(better[str(row.name)], "")] * len(row)

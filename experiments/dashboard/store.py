@@ -10,6 +10,7 @@ import streamlit as st
 
 from experiments.dashboard.data import POWER_PARAM, runs_frame
 from experiments.results import tracking
+from experiments.results.row import normalised
 from experiments.results.tracking import mlflow
 
 TTL_S = 60
@@ -65,10 +66,12 @@ def runs(store_uri: str) -> pd.DataFrame:
 
 @st.cache_data(ttl=TTL_S, max_entries=64, show_spinner="Loading the per-question table…")
 def questions(store_uri: str, experiment_id: str, run_id: str) -> pd.DataFrame | None:
-    """The run's per-question table (questions.json), or None when the run has none."""
+    """The run's per-question table (questions.json; one of schema 1 in the current form, once
+    per cache entry), or None when the run has none."""
     mlflow.set_tracking_uri(store_uri)
     client = mlflow.MlflowClient()
     try:
-        return client.load_table(experiment_id, tracking.TABLE, run_ids=[run_id])
+        table = client.load_table(experiment_id, tracking.TABLE, run_ids=[run_id])
     except mlflow.exceptions.MlflowException:
         return None
+    return normalised(table)

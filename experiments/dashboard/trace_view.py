@@ -3,37 +3,38 @@
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Mapping
-from typing import Any
 
 import pandas as pd
 import streamlit as st
 
+from caprag.schemas import CallUsage
 from caprag.services import AskResult
-from experiments.dashboard.data import TraceView, call_line, hop_documents, is_rule, steps_ran
-from experiments.harness.evaluate import trace_of
-from experiments.results.tables import fmt
-from experiments.results.traces import case_key, passage_texts, trace_id_of
+from caprag.trace import HopTrace
+from experiments.dashboard.data import call_line, hop_documents, is_rule, steps_ran
+from experiments.results import metrics as registry
+from experiments.results.row import QuestionRow
+from experiments.results.traces import case_key, trace_id_of
 from experiments.scoring.failures import failure_tags
-from experiments.scoring.regressions import METRICS
 
 
-def trace_id(run_id: str, row: Mapping[str, Any]) -> str:
+def trace_id(run_id: str, row: QuestionRow) -> str:
     """The MLflow id of the trace a run wrote for a logged question row."""
-    repeat = row.get("repeat")
-    repeat = int(repeat) if repeat is not None and not pd.isna(repeat) else 0
-    return trace_id_of(run_id, case_key(repeat, str(row.get("question_id", ""))))
+    return trace_id_of(run_id, case_key(row.repeat, row.question_id))
 
 
-def render_scores(row: Mapping[str, Any]) -> None:
+def render_scores(row: QuestionRow) -> None:
     """A logged question's scores and failure tags, above its trace: how it did, and what the
     trace says went wrong (`experiments.scoring.failures`)."""
     scores = []
-    for name, metric in METRICS.items():
-        value = row.get(name)
-        if value is None or isinstance(value, str) or pd.isna(value):
+    for metric in registry.per_question():
+        if not (metric.headline or metric.group == "answer"):
+            continue  # the main metrics, and the answer's (refusals: an unanswerable's score)
+        value = row.values.get(metric.name)
+        if value is None or math.isnan(value):
             continue
-        scores.append(f"{metric.label} **{fmt(float(value), name)}**")
+        scores.append(f"{metric.heading} **{metric.display(float(value))}**")
     st.markdown("**Scores:** " + (" · ".join(scores) or "none recorded"))
     tags = failure_tags(row)
     if tags:
@@ -42,57 +43,55 @@ def render_scores(row: Mapping[str, Any]) -> None:
         st.caption("Failure tags: none")
 
 
-def trace_from_result(result: AskResult, sections: dict[str, str]) -> TraceView:
-    """A live answer in the same shape as a logged row (no gold: it was not in a question set);
-    its documents carry the text of the passages handed to generation."""
-    sections = {**sections, **{d.passage_id: d.section for d in result.context}}
-    return TraceView(
+def row_of_answer(result: AskResult, sections: Mapping[str, str]) -> QuestionRow:
+    """A live answer as a question row (no gold: it was not in a question set); the passages it
+    keeps carry the text of those handed to generation."""
+    row = QuestionRow(
+        case_id="",
+        question_id="",
+        set="",
+        query_type="",
+        turn=1,
         question=result.question,
-        main_question=result.main_question,
-        hops=trace_of(result, sections, []),
-        answer=result.answer,
-        context_ids=[d.passage_id for d in result.context],
-        sections=sections,
-        calls=[usage.model_dump(mode="json") for usage in result.usage],
+        gold_answer="",
     )
+    row.add_answer(result, {**sections, **{d.passage_id: d.section for d in result.context}})
+    return row
 
 
-def render_trace(view: TraceView) -> None:
+def render_trace(row: QuestionRow) -> None:
     """Question, each hop, then the answer with its sources beside the gold answer."""
-    st.markdown(f"**Question:** {view.question}")
-    if view.main_question and view.main_question.strip() != view.question.strip():
-        st.markdown(f"**Rewritten as:** {view.main_question}")
-    if view.status != "ok":
-        st.error(f"This question failed: {view.error or view.status}")
-    render_calls(view.calls)
-    if not view.hops:
+    st.markdown(f"**Question:** {row.question}")
+    if row.main_question and row.main_question.strip() != row.question.strip():
+        st.markdown(f"**Rewritten as:** {row.main_question}")
+    if row.status != "ok":
+        st.error(f"This question failed: {row.error or row.status}")
+    render_calls(row.calls)
+    if not row.hops:
         st.info("No hop trace was recorded for this question.")
-    pages: dict[str, Any] = {}
-    texts = passage_texts(view.hops)
-    for hop in view.hops:
-        _render_hop(hop, view.sections, graded=bool(view.gold_ids))
-        _render_texts([d.get("passage_id", "") for d in hop.get("documents", [])], texts, view)
-        pages.update({d.get("passage_id", ""): d.get("page", "") for d in hop.get("documents", [])})
+    for hop in row.hops:
+        _render_hop(hop, row)
+        _render_texts([d.passage_id for d in hop.documents], row)
     st.subheader("Answer")
     answer, gold = st.columns(2)
     with answer:
         st.markdown("**Answer**")
-        st.write(view.answer or "—")
+        st.write(row.answer or "—")
         st.markdown("**Sources (passages handed to generation)**")
-        sources = _passages(view.context_ids, view.gold_ids, view, pages)
-        st.table(sources if view.gold_ids else sources.drop(columns="gold"))
-        _render_texts(view.context_ids, texts, view)
+        sources = _passages(row.context_ids, row.gold_ids, row)
+        st.table(sources if row.gold_ids else sources.drop(columns="gold"))
+        _render_texts(row.context_ids, row)
     with gold:
         st.markdown("**Gold answer**")
-        st.write(view.gold_answer or "— (no gold answer for this question)")
+        st.write(row.gold_answer or "— (no gold answer for this question)")
         st.markdown("**Gold passages**")
-        if view.gold_ids:
-            st.table(_passages(view.gold_ids, view.context_ids, view, pages, "in context"))
+        if row.gold_ids:
+            st.table(_passages(row.gold_ids, row.context_ids, row, "in context"))
         else:
             st.write("— (none)")
 
 
-def render_calls(calls: list[dict[str, Any]] | None) -> None:
+def render_calls(calls: list[CallUsage] | None) -> None:
     """Which steps ran by rule and which by model, then every call on demand: one line each and,
     for a model call, the messages exactly as sent and the raw reply."""
     if calls is None:
@@ -113,42 +112,36 @@ def render_calls(calls: list[dict[str, Any]] | None) -> None:
             st.markdown(call_line(number, call))
             if is_rule(call):
                 continue
-            label = (
-                f"{number}. {call.get('step', '?')} · {call.get('model', '?')}: messages and reply"
-            )
-            with st.expander(label):
+            with st.expander(f"{number}. {call.step} · {call.model}: messages and reply"):
                 _render_exchange(call)
 
 
-def _render_exchange(call: dict[str, Any]) -> None:
+def _render_exchange(call: CallUsage) -> None:
     """The messages of one model call as sent (role, then content verbatim) and its reply."""
-    messages = call.get("messages")
-    if messages is None:
+    if call.messages is None:
         st.caption("The messages of this call were not recorded.")
-    for message in messages or []:
+    for message in call.messages or []:
         st.markdown(f"**{message.get('role', '?')}**")
         st.code(str(message.get("content", "")), language=None, wrap_lines=True)
     st.markdown("**reply**")
-    reply = call.get("reply")
-    if reply is None:
+    if call.reply is None:
         st.caption("No reply was recorded for this call.")
     else:
-        st.code(str(reply), language=None, wrap_lines=True)
+        st.code(call.reply, language=None, wrap_lines=True)
 
 
-def _render_texts(ids: list[str], texts: Mapping[str, str], view: TraceView) -> None:
+def _render_texts(ids: list[str], row: QuestionRow) -> None:
     """Each passage's text, collapsed: one HTML <details> per passage, titled id · section (not
     an expander each: a hop can return dozens of passages)."""
     if not ids:
         return
     blocks = []
     for pid in ids:
-        section = view.sections.get(pid, "")
-        title = html.escape(pid + (f" · {section}" if section else ""))
-        text = texts.get(pid)
+        passage = row.passage(pid)
+        title = html.escape(pid + (f" · {passage.section}" if passage.section else ""))
         body = (
-            f"<div>{_verbatim(text)}</div>"
-            if text
+            f"<div>{_verbatim(passage.text)}</div>"
+            if passage.text
             else "<em>Its text was not kept (a run logged before passage texts).</em>"
         )
         blocks.append(f'<details class="passage"><summary>{title}</summary>{body}</details>')
@@ -163,55 +156,52 @@ def _verbatim(text: str) -> str:
     return html.escape(text).replace("  ", "&nbsp; ").replace("\n", "<br>")
 
 
-def _render_hop(hop: dict[str, Any], sections: dict[str, str], graded: bool) -> None:
-    number = hop.get("hop", "?")
-    new, dup = hop.get("new_documents", 0), hop.get("duplicate_documents", 0)
-    st.subheader(f"Hop {number}")
+def _render_hop(hop: HopTrace, row: QuestionRow) -> None:
+    st.subheader(f"Hop {hop.hop}")
     st.caption(
-        f"{new} new, {dup} duplicate documents · {hop.get('prompt_tokens', 0)} prompt + "
-        f"{hop.get('completion_tokens', 0)} completion tokens · "
-        f"${float(hop.get('cost_usd', 0.0)):.6f} · {float(hop.get('latency_s', 0.0)):.2f} s"
+        f"{hop.new_documents} new, {hop.duplicate_documents} duplicate documents · "
+        f"{hop.prompt_tokens} prompt + {hop.completion_tokens} completion tokens · "
+        f"${hop.cost_usd:.6f} · {hop.latency_s:.2f} s"
     )
     st.markdown("**Queries**")
-    st.markdown("\n".join(f"- {q}" for q in hop.get("queries", [])) or "—")
-    docs = hop_documents(hop, sections)
+    st.markdown("\n".join(f"- {q}" for q in hop.queries) or "—")
+    docs = hop_documents(hop, row)
     if docs.empty:
         st.write("No documents returned.")
     else:
-        st.table(docs if graded else docs.drop(columns="gold"))
-    if hop.get("depth") is not None and hop.get("confidence") is not None:
-        confidence = float(hop["confidence"])
-        threshold = float(hop.get("threshold") or 0.0)
+        st.table(docs if row.gold_ids else docs.drop(columns="gold"))
+    if hop.depth is not None and hop.confidence is not None:
         st.markdown(
-            f"**Adaptive:** depth {hop['depth']}/3 · {hop.get('chunks', '?')} chunks · "
-            f"confidence {confidence:.0%} (threshold {threshold:.0%}) · "
-            f"type {hop.get('query_type') or '?'} · decision `{hop.get('adaptive_decision')}`"
+            f"**Adaptive:** depth {hop.depth}/3 · "
+            f"{hop.chunks if hop.chunks is not None else '?'} chunks · "
+            f"confidence {hop.confidence:.0%} (threshold {hop.threshold or 0.0:.0%}) · "
+            f"type {hop.query_type or '?'} · decision `{hop.adaptive_decision}`"
         )
-        if hop.get("warning"):
-            st.warning(hop["warning"])
-        if hop.get("hint"):
-            st.info(hop["hint"])
-    decision = hop.get("decision")
-    if decision:
-        verdict = "sufficient" if decision.get("sufficient") else "not sufficient"
+        if hop.warning:
+            st.warning(hop.warning)
+        if hop.hint:
+            st.info(hop.hint)
+    if hop.decision is not None:
+        verdict = "sufficient" if hop.decision.sufficient else "not sufficient"
         st.markdown(f"**Analyzer decision:** {verdict}")
-        if decision.get("reasoning"):
-            st.caption(decision["reasoning"])
-        queries = decision.get("new_queries") or []
-        if queries:
-            st.markdown("**New queries:**\n" + "\n".join(f"- {q}" for q in queries))
+        if hop.decision.reasoning:
+            st.caption(hop.decision.reasoning)
+        if hop.decision.new_queries:
+            st.markdown(
+                "**New queries:**\n" + "\n".join(f"- {q}" for q in hop.decision.new_queries)
+            )
 
 
 def _passages(
-    ids: list[str], other: list[str], view: TraceView, pages: dict[str, Any], mark: str = "gold"
+    ids: list[str], other: list[str], row: QuestionRow, mark: str = "gold"
 ) -> pd.DataFrame:
     """Passage ids as a table; `mark` ticks those also in `other`."""
     rows = [
         {
             "passage": pid,
             "book": pid.split("/", 1)[0],
-            "page": pages.get(pid, ""),
-            "section": view.sections.get(pid, ""),
+            "page": row.passages[pid].page if pid in row.passages else "",
+            "section": row.passage(pid).section,
             mark: "✓" if pid in other else "",
         }
         for pid in ids

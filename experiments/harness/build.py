@@ -3,6 +3,7 @@ passed in. Nothing here runs a question."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,16 +11,15 @@ from typing import Any
 
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from caprag.books import Book, load_books
 from caprag.errors import CapragError, ConfigError
 from caprag.hybrid import RRF_K
-from caprag.ingest import Index, make_index
 from caprag.llm import StructuredClient
+from caprag.retrievers import RETRIEVERS, Index, make_index
 from caprag.services import Pipeline
 from caprag.steps import ROLES, Steps, build_steps, rule_steps
-from caprag.store import PassageIndex
 from caprag.strategies import RetrievalStrategy, Retriever
 from experiments.harness.data import Dataset
 from experiments.harness.dryrun import (
@@ -30,9 +30,6 @@ from experiments.harness.evaluate import Evaluator
 from experiments.harness.reuse import RowCache, run_fingerprint
 from experiments.results.questions import DatasetError
 from experiments.scoring.question import Scorer
-
-KINDS = ("dense", "bm25", "hybrid")
-"""What build_index(kind=...) accepts."""
 
 
 def build_index(
@@ -48,17 +45,19 @@ def build_index(
 ) -> Index:
     """Open the passage index and bring it up to date (unchanged books skipped).
 
-    `kind`: dense (embedded chunks in Chroma), bm25 (lexical, in `<store>/bm25/`) or hybrid (both,
-    fused by reciprocal rank with constant `rrf_k`). `books` (a benchmark's own corpus) replaces
-    the books under `corpus`, which is then not read.
+    `kind`: a registered retriever (caprag.retrievers.RETRIEVERS): dense (embedded chunks in
+    Chroma), bm25 (lexical, in `<store>/bm25/`), hybrid (both, fused by reciprocal rank with
+    constant `rrf_k`) or one a plugin adds. `books` (a benchmark's own corpus) replaces the books
+    under `corpus`, which is then not read.
     """
     if books is not None and not all(isinstance(book, Book) for book in books):
         raise ConfigError(
             "build_index(books=...) needs Book objects; through hydra.utils.instantiate pass them "
             "as experiments.harness.data.BookCorpus (a list of dataclasses is turned into configs)"
         )
-    if kind not in KINDS:
-        raise ConfigError(f"retriever kind={kind!r} is not allowed: expected {' | '.join(KINDS)}")
+    if kind not in RETRIEVERS:
+        expected = " | ".join(RETRIEVERS)
+        raise ConfigError(f"retriever kind={kind!r} is not allowed: expected {expected}")
     if isinstance(rrf_k, bool) or not isinstance(rrf_k, int) or rrf_k < 1:
         raise ConfigError(f"retriever rrf_k={rrf_k!r} is not allowed: expected a whole number >= 1")
     index = make_index(kind, store, embedding, child_chars=chunk_chars, rrf_k=rrf_k)
@@ -74,7 +73,7 @@ class Components:
     dataset: Dataset
     steps: Steps
     scorers: list[Scorer]
-    index: PassageIndex
+    index: Index
     make_strategy: Callable[..., RetrievalStrategy]
 
     def strategy(
@@ -124,12 +123,24 @@ def steps_from_config(cfg: DictConfig, repeat: int = 0) -> Steps:
     )
 
 
+def import_metric_modules(cfg: DictConfig) -> None:
+    """Import the modules named in `experiment.metric_modules`: each registers its metrics
+    (experiments.results.metrics.register), so this process computes and shows them."""
+    for name in OmegaConf.select(cfg, "experiment.metric_modules", default=None) or ():
+        try:
+            importlib.import_module(str(name))
+        except ImportError as exc:
+            raise ConfigError(f"experiment.metric_modules: cannot import {name!r} ({exc})") from exc
+
+
 def build_components(cfg: DictConfig, *, llm: bool = True) -> Components:
     """Everything the run needs, in the order that fails fastest on bad input.
 
     `llm=False` (the dry run) builds the offline stand-in instead of the configured backend, so
     nothing can reach a paid endpoint.
     """
+    # 0. Metrics of other modules (+experiment.metric_modules=[...]) register themselves.
+    import_metric_modules(cfg)
     # 1. The questions: a broken line fails here, before any question runs.
     dataset: Dataset = instantiate_or_raise(cfg.dataset, "the dataset")
     # 2. The LLM and judge: a missing key fails here.
@@ -143,7 +154,7 @@ def build_components(cfg: DictConfig, *, llm: bool = True) -> Components:
     if judge is not None:
         scorers.append(judge)
     # 3. The index (ingests new or changed books; a benchmark brings its own), then the strategy.
-    index: PassageIndex = instantiate_or_raise(
+    index: Index = instantiate_or_raise(
         cfg.retriever.index, "the retriever", **dataset.index_overrides(cfg.retriever.index.store)
     )
     # 4. Every gold passage must be one the index can return: a typo fails here, not as recall 0.

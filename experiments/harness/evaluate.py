@@ -15,8 +15,10 @@ from tqdm import tqdm
 from caprag.llm import StepFailedError
 from caprag.services import AskResult, Pipeline
 from experiments.harness.data import Dataset, EvalCase
+from experiments.results import metrics as registry
+from experiments.results.metrics import Metric, NotScored
 from experiments.results.questions import GoldQuestion
-from experiments.results.row import PASSAGE_CHARS, QuestionRow
+from experiments.results.row import QuestionRow
 from experiments.scoring.question import (
     Scorer,
     score_adaptive,
@@ -24,36 +26,6 @@ from experiments.scoring.question import (
     score_cost,
     score_retrieval,
 )
-
-
-def trace_of(
-    result: AskResult,
-    passages: dict[str, str],
-    gold: Sequence[str],
-    texts: Callable[[str], str] = lambda _pid: "",
-) -> list[dict[str, Any]]:
-    """The hop-by-hop trace as plain data, each document marked gold or not; a document's first
-    appearance carries its passage text (from `texts`, else the context), cut to PASSAGE_CHARS."""
-    context = {doc.passage_id: doc.text for doc in result.context}
-    seen: set[str] = set()
-    hops = []
-    for hop in result.hops:
-        data = hop.model_dump()
-        for usage in data["usage"]:  # the messages and reply are kept once, in the row's calls
-            usage.pop("messages", None)
-            usage.pop("reply", None)
-        for ref in data["documents"]:
-            ref["gold"] = ref["passage_id"] in gold
-            ref["section"] = passages.get(ref["passage_id"], "")
-            if ref["passage_id"] not in seen:
-                seen.add(ref["passage_id"])
-                text = texts(ref["passage_id"]) or context.get(ref["passage_id"], "")
-                ref["text"] = text if len(text) <= PASSAGE_CHARS else text[:PASSAGE_CHARS] + "…"
-        data["prompt_tokens"] = hop.prompt_tokens
-        data["completion_tokens"] = hop.completion_tokens
-        data["cost_usd"] = hop.cost_usd
-        hops.append(data)
-    return hops
 
 
 @dataclass
@@ -73,6 +45,9 @@ class Evaluator:
     scoped: Callable[[tuple[str, ...]], Pipeline] | None = None
     """A pipeline that searches only the given passages (a case with a `scope`: the benchmark
     distractor setting)."""
+    metrics: Sequence[Metric] = field(default_factory=registry.scored)
+    """The registered metrics with their own per-question scorer (experiments.results.metrics),
+    as registered when the evaluator is made."""
 
     def pipeline_for(self, case: EvalCase) -> Pipeline:
         """The shared pipeline, or one confined to the case's own passages."""
@@ -159,7 +134,7 @@ class Evaluator:
             except Exception as exc:  # isolation: record the failure, go on with the run
                 row.status, row.error = "failed", f"{type(exc).__name__}: {exc}"
                 if isinstance(exc, StepFailedError):
-                    row.calls = [exc.usage.model_dump(mode="json")]
+                    row.calls = [exc.usage]
             if row.status != "ok":  # how long it ran before failing: its trace's duration
                 row.timings["total"] = (time.time_ns() - row.started_ns) / 1e9
             rows.append(row)
@@ -168,12 +143,7 @@ class Evaluator:
         return rows
 
     async def _score(self, row: QuestionRow, turn: GoldQuestion, result: AskResult) -> None:
-        row.main_question = result.main_question
-        row.answer = result.answer
-        row.context_ids = [d.passage_id for d in result.context]
-        row.timings = {**result.timings, "total": result.latency_s}
-        row.trace = trace_of(result, self.section_of, turn.gold_passages, self.reference_text)
-        row.calls = [usage.model_dump(mode="json") for usage in result.usage]
+        row.add_answer(result, self.section_of, self.reference_text)
         for values, missing in (score_retrieval(turn, result, self.k), score_answer(turn, result)):
             row.values.update(values)
             row.missing.update(missing)
@@ -182,6 +152,8 @@ class Evaluator:
         first = result.hops[0] if result.hops else None
         if self.gold_query_types and first is not None and first.query_type:
             row.values["classified_as_gold_type"] = float(first.query_type == turn.query_type)
+        for metric in self.metrics:
+            score_with(metric, turn, result, self.k, row)
         gold_texts = [self.reference_text(pid) for pid in turn.gold_passages]
         for scorer in self.scorers:
             values, missing = await scorer.score(
@@ -193,3 +165,20 @@ class Evaluator:
             )
             row.values.update(values)
             row.missing.update(missing)
+
+
+def score_with(
+    metric: Metric, turn: GoldQuestion, result: AskResult, k: int, row: QuestionRow
+) -> None:
+    """One registered metric's value for the turn into the row, or the reason it has none (its
+    scorer's `NotScored`, or the error it raised: the question itself is still answered)."""
+    assert metric.score is not None
+    try:
+        value = metric.score(turn, result, k)
+    except Exception as exc:  # a metric's failure is its missing reason, never the question's
+        row.missing[metric.name] = f"{type(exc).__name__}: {exc}"
+        return
+    if isinstance(value, NotScored):
+        row.missing[metric.name] = value.reason
+    elif value is not None:
+        row.values[metric.name] = float(value)

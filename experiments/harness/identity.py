@@ -15,12 +15,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from caprag.errors import CapragError
 from caprag.llm.usage import PRICE_TABLE_VERSION
+from caprag.retrievers import RETRIEVERS
 from caprag.steps import Steps, prompt_versions
 from caprag.strategies import RetrievalStrategy
 from experiments.harness import cluster
 from experiments.harness.data import Dataset
 from experiments.harness.journal import Journal, config_hash
-from experiments.results import tracking
+from experiments.results import row, tracking
 
 
 @dataclass
@@ -192,10 +193,11 @@ DEFAULT_RETRIEVER = "dense-minilm"
 
 
 def retriever_label(cfg: DictConfig) -> str:
-    """The retriever a run searched with: bm25, dense-<embedding> or hybrid-<embedding>."""
+    """The retriever a run searched with: its kind, and the embedding for kinds that embed
+    (bm25, dense-minilm, hybrid-wordllama)."""
     index = cfg.retriever.index
     kind = str(index.get("kind") or "dense")
-    return kind if kind == "bm25" else f"{kind}-{index.get('embedding') or 'minilm'}"
+    return RETRIEVERS.choose(kind).label(str(index.get("embedding") or "minilm"))
 
 
 def run_tags(
@@ -214,7 +216,7 @@ def run_tags(
         "caprag.experiment": str(cfg.experiment.name),
         "caprag.git_commit": tracking.git_commit(),
         "caprag.price_table": PRICE_TABLE_VERSION,
-        "caprag.schema": "1",
+        "caprag.schema": row.SCHEMA,
         "caprag.repeats": str(max(1, int(cfg.experiment.repeats))),
         **{f"caprag.prompt.{k}": v for k, v in prompt_versions().items()},
         **{str(k): str(v) for k, v in (cfg.experiment.tags or {}).items()},

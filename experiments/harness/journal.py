@@ -25,6 +25,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from pydantic import BaseModel, ValidationError
+
 from caprag.errors import CapragError
 from caprag.secrets import redact_config
 from experiments.results.row import QuestionRow
@@ -76,6 +78,13 @@ def case_key(repeat: int, case_id: str) -> str:
     return f"{repeat}:{case_id}"
 
 
+class JournalEntry(BaseModel):
+    """One line of a journal: a finished case and its rows (one per turn)."""
+
+    case: str
+    rows: list[QuestionRow]
+
+
 class Journal:
     """Append-only record of finished cases for one run; locked while open."""
 
@@ -121,27 +130,32 @@ class Journal:
         return False
 
     def done(self) -> dict[str, list[QuestionRow]]:
-        """Finished cases by case key; a torn last line (the kill hit mid-write) is skipped."""
+        """Finished cases by case key; a torn last line (the kill hit mid-write) is skipped, and
+        so is a line whose rows are not rows of this code (a journal left by an older caprag:
+        those cases are asked again)."""
         found: dict[str, list[QuestionRow]] = {}
         for entry in self._entries():
-            found[entry["case"]] = [QuestionRow.from_json(row) for row in entry["rows"]]
+            found[entry.case] = entry.rows
         return found
 
-    def _entries(self) -> Iterator[dict[str, Any]]:
+    def _entries(self) -> Iterator[JournalEntry]:
         if not self.exists:
             return
         with self.path.open(encoding="utf-8") as handle:
             for line in handle:
                 if not line.endswith("\n"):
                     return  # torn by a kill: that case was not finished
-                yield json.loads(line)
+                try:
+                    yield JournalEntry.model_validate_json(line)
+                except ValidationError:
+                    continue
 
     def append(self, key: str, rows: list[QuestionRow]) -> None:
         """Record a finished case: written and flushed to the kernel before returning (it
         survives a kill of this process); the background thread fsyncs it soon after."""
         if self._handle is None or self._syncer is None:
             raise RuntimeError("journal is not open")
-        line = json.dumps({"case": key, "rows": [r.to_json() for r in rows]}, ensure_ascii=False)
+        line = JournalEntry(case=key, rows=rows).model_dump_json()
         self._handle.write(line + "\n")
         self._handle.flush()
         self._syncer.written()

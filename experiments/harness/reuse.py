@@ -19,7 +19,6 @@ needs) and is marked as answered from the cache: `llm_calls_cached` = `llm_calls
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import sqlite3
@@ -35,9 +34,10 @@ from caprag.errors import CapragError
 from caprag.llm.cache import open_table
 from experiments.harness.data import EvalCase
 from experiments.harness.journal import VOLATILE, _without
-from experiments.results.row import QuestionRow
+from experiments.results import metrics as registry
+from experiments.results.row import ROWS, QuestionRow
 
-SCHEMA = "rows-v1"
+SCHEMA = "rows-v2"
 
 NOT_IN_KEY = (
     *VOLATILE,
@@ -114,11 +114,18 @@ def index_fingerprint(manifest: Mapping[str, Any]) -> dict[str, str]:
     return {book: str(entry.get("hash", "")) for book, entry in sorted(manifest.items())}
 
 
+def scored_metrics() -> list[str]:
+    """The registered metrics with their own scorer, by name and module: a metric registered
+    from outside caprag/ and experiments/ changes rows without changing their code."""
+    return [f"{m.name}:{getattr(m.score, '__module__', '?')}" for m in registry.scored()]
+
+
 def run_fingerprint(config: Mapping[str, Any], manifest: Mapping[str, Any]) -> str:
     """Everything but the case and the repeat that a row depends on."""
     kept = _without(dict(config), NOT_IN_KEY)
     books = index_fingerprint(manifest)
-    return _digest(SCHEMA, kept, books, code_fingerprint(), library_versions())
+    code = (code_fingerprint(), scored_metrics())
+    return _digest(SCHEMA, kept, books, code, library_versions())
 
 
 def case_fingerprint(case: EvalCase) -> str:
@@ -129,12 +136,12 @@ def case_fingerprint(case: EvalCase) -> str:
 
 def mark_reused(row: QuestionRow) -> QuestionRow:
     """The row as a rerun that asked no model reports it: every call answered from the cache."""
-    reused = dataclasses.replace(row, values=dict(row.values))
-    if "llm_calls" in reused.values:
-        reused.values["llm_calls_cached"] = reused.values["llm_calls"]
-        reused.values["cost_usd_spent"] = 0.0
-    reused.calls = [{**call, "cached": True} for call in row.calls]
-    return reused
+    values = dict(row.values)
+    if "llm_calls" in values:
+        values["llm_calls_cached"] = values["llm_calls"]
+        values["cost_usd_spent"] = 0.0
+    calls = [call.model_copy(update={"cached": True}) for call in row.calls or []]
+    return row.model_copy(update={"values": values, "calls": calls})
 
 
 class RowCacheError(CapragError):
@@ -174,15 +181,15 @@ class RowCache:
             ).fetchone()
         if found is None:
             return None
-        data = json.loads(zlib.decompress(found[0]))
+        rows = ROWS.validate_json(zlib.decompress(found[0]))
         self.hits += 1
-        return [mark_reused(QuestionRow.from_json({**row, "repeat": repeat})) for row in data]
+        return [mark_reused(row.model_copy(update={"repeat": repeat})) for row in rows]
 
     def put(self, repeat: int, case: EvalCase, rows: Sequence[QuestionRow]) -> bool:
         """Store the case's rows when every turn succeeded; True if stored."""
         if not rows or any(row.status != "ok" for row in rows):
             return False
-        blob = zlib.compress(json.dumps([row.to_json() for row in rows]).encode("utf-8"))
+        blob = zlib.compress(ROWS.dump_json(list(rows)))
         with self._lock:
             try:
                 self._db.execute(

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from caprag.errors import CapragError
-from experiments.harness import cluster, workers
+from experiments.harness import cluster, groups, workers
 from experiments.harness.build import (
     Components,
     build_components,
@@ -244,6 +244,7 @@ def _log(result: RunResult, trace_writer: traces.TraceWriter | None, uri: str | 
 
 
 cluster.quiet_launcher_schema_warning()
+groups.offer_registered()  # before @hydra.main composes: registered names are group members
 
 
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="config")

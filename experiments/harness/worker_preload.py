@@ -16,6 +16,7 @@ for name in (
     "experiments.harness.build",
     "experiments.scoring.judges",
     "caprag.ingest",
+    "caprag.retrievers",
     "caprag.hybrid",
     "caprag.lexical",
     "caprag.embeddings",

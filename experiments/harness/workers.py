@@ -14,8 +14,9 @@ Who does what:
 - A worker builds its own components from the resolved config (the parent already ingested the
   index: workers only open it; they never log to MLflow), answers each case it is given exactly as
   the single-process evaluator would (`Evaluator.run_case`) and sends the case's rows back as the
-  case ends. The LLM response cache is one SQLite file in WAL mode with a busy timeout, which
-  several processes may read and write at once (each reply is one INSERT in its own transaction).
+  case ends (as JSON, each `QuestionRow` whole). The LLM response cache is one SQLite file in WAL
+  mode with a busy timeout, which several processes may read and write at once (each reply is one
+  INSERT in its own transaction).
 
 Workers are forked from a clean server process (multiprocessing's `forkserver`, started at the
 beginning of the run with the heavy modules imported once), never from the harness itself: a
@@ -52,7 +53,7 @@ from tqdm import tqdm
 from caprag.errors import CapragError
 from experiments.harness.data import Dataset, EvalCase
 from experiments.harness.evaluate import Evaluator
-from experiments.results.row import QuestionRow
+from experiments.results.row import ROWS, QuestionRow
 
 AUTO = "auto"
 AUTO_MIN_CONCURRENCY = 16
@@ -150,7 +151,8 @@ class Worker:
     inbox: Connection
     """Parent -> worker: ("case", repeat, case id), or None to stop."""
     outbox: Connection
-    """Worker -> parent: ("case", repeat, case id, rows), ("failed", message), ("cpu", ...)."""
+    """Worker -> parent: ("case", repeat, case id, the rows as JSON: `ROWS.dump_json`),
+    ("failed", message), ("cpu", ...)."""
     error: str = ""
     cpu_s: dict[str, float] = field(default_factory=dict)
     """CPU seconds the worker spent building its components, answering and in all, and the wall
@@ -264,7 +266,8 @@ class WorkerPool:
                 if message[0] == "failed":
                     worker.error = message[1]
                     return  # the pipe closes next: reported with the exit code
-                _kind, _repeat, case_id, rows = message
+                _kind, _repeat, case_id, payload = message
+                rows = ROWS.validate_json(payload)
                 case = pending[case_id]
                 on_case(case, rows)
                 found[case_id] = rows
@@ -418,7 +421,7 @@ async def _answer(
     async def one(repeat: int, case_id: str) -> None:
         try:
             rows = await evaluator(repeat).run_case(cases[case_id], None, repeat)
-            outbox.send(("case", repeat, case_id, rows))
+            outbox.send(("case", repeat, case_id, ROWS.dump_json(rows)))
         except Exception as exc:
             if not stopped.done():
                 stopped.set_exception(exc)

@@ -14,9 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from caprag.config import PROJECT_ROOT
+from caprag.schemas import RetrievedRef
+from caprag.steps.analyze import SufficiencyDecision
+from caprag.trace import HopTrace
 from experiments.results import tracking
 from experiments.results.aggregate import aggregate, summary_metrics
-from experiments.results.row import QuestionRow
+from experiments.results.row import PassageInfo, QuestionRow
 
 APP = PROJECT_ROOT / "experiments" / "dashboard" / "app.py"
 PAGES = {
@@ -35,33 +38,34 @@ def synthetic_rows(rng: random.Random, strategy: str, questions: int) -> list[Qu
     for n in range(questions):
         hops = 1 if strategy != "multi-hop" else rng.choice((1, 2, 2, 3))
         gold = [f"book{n % 5}/gold-{n}", f"book{(n + 1) % 5}/gold-{n}"]
-        trace: list[dict[str, Any]] = [
-            {
-                "hop": h,
-                "queries": [f"query {h} of question {n}"],
-                "documents": [
-                    {
-                        "passage_id": f"book{d % 5}/passage-{n}-{h}-{d}",
-                        "book_id": f"book{d % 5}",
-                        "page": d + 1,
-                        "score": round(rng.random(), 4),
-                        "new": True,
-                        "gold": False,
-                        "section": f"Passage {d}",
-                    }
+        hop_traces = [
+            HopTrace(
+                hop=h,
+                queries=[f"query {h} of question {n}"],
+                documents=[
+                    RetrievedRef(
+                        passage_id=f"book{d % 5}/passage-{n}-{h}-{d}",
+                        book_id=f"book{d % 5}",
+                        page=d + 1,
+                        score=round(rng.random(), 4),
+                        new=True,
+                    )
                     for d in range(8)
                 ],
-                "new_documents": 8,
-                "duplicate_documents": 0,
-                "decision": {"sufficient": h == hops, "new_queries": [], "reasoning": ""},
-                "usage": [],
-                "latency_s": 0.1,
-                "prompt_tokens": 300,
-                "completion_tokens": 40,
-                "cost_usd": 0.00007,
-            }
+                new_documents=8,
+                duplicate_documents=0,
+                decision=SufficiencyDecision(sufficient=h == hops),
+                latency_s=0.1,
+            )
             for h in range(1, hops + 1)
         ]
+        passages = {
+            ref.passage_id: PassageInfo(
+                book_id=ref.book_id, page=ref.page, section=f"Passage {ref.page - 1}"
+            )
+            for hop in hop_traces
+            for ref in hop.documents
+        }
         recall = rng.choice((0.0, 0.5, 1.0))
         tokens = 300.0 * hops + rng.random() * 200
         rows.append(
@@ -75,7 +79,7 @@ def synthetic_rows(rng: random.Random, strategy: str, questions: int) -> list[Qu
                 gold_answer="an answer",
                 main_question=f"Synthetic question number {n} about rules?",
                 answer="an answer, probably",
-                context_ids=[d["passage_id"] for d in trace[-1]["documents"]],
+                context_ids=[d.passage_id for d in hop_traces[-1].documents],
                 gold_ids=gold,
                 values={
                     "recall_at_k": recall,
@@ -95,7 +99,8 @@ def synthetic_rows(rng: random.Random, strategy: str, questions: int) -> list[Qu
                     "latency_s": 0.2 * hops,
                     "distinct_passages": 8.0 * hops,
                 },
-                trace=trace,
+                hops=hop_traces,
+                passages=passages,
                 timings={"rewrite": 0.0, "retrieve": 0.2 * hops, "generate": 0.05},
             )
         )

@@ -32,6 +32,7 @@ import mlflow
 from hydra import compose, initialize_config_dir
 
 from caprag.config import PROJECT_ROOT
+from caprag.schemas import CallUsage
 from experiments.harness.run import RunResult, run
 from experiments.perf.local_llm import LocalServer, ensure_installed, local_llm_server
 from experiments.results.tables import markdown_table
@@ -135,17 +136,17 @@ def check(result: RunResult, cap: int, expected: Sequence[str]) -> tuple[list[st
             continue
         if not row.calls:
             problems.append(f"{row.question_id}: no LLM call recorded")
-        for call in row.calls:
-            where = f"{row.question_id} {call['step']}"
-            if call.get("messages") is None:
+        for call in row.calls or []:
+            where = f"{row.question_id} {call.step}"
+            if call.messages is None:
                 continue  # a rule step (the run mixes none in unless asked to)
-            if call.get("error") is not None and not call["error"]:
+            if call.error is not None and not call.error:
                 problems.append(f"{where}: failed call without a reason")
-            if call["counted"] != "reported":
+            if call.counted != "reported":
                 problems.append(f"{where}: tokens not from the server's usage")
-            if call["prompt_tokens"] <= 0:
+            if call.prompt_tokens <= 0:
                 problems.append(f"{where}: 0 prompt tokens")
-            per_attempt = call["completion_tokens"] / max(1, int(call.get("attempts") or 1))
+            per_attempt = call.completion_tokens / max(1, call.attempts)
             if per_attempt > cap:
                 problems.append(f"{where}: {per_attempt:.0f} completion tokens > cap {cap}")
     traces = 0
@@ -182,27 +183,27 @@ def step_rows(results: Sequence[tuple[str, RunResult]]) -> list[list[str]]:
     """Per strategy and step: calls, parse failures, tokens, latency."""
     rows = []
     for strategy, result in results:
-        by_step: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        by_step: dict[str, list[CallUsage]] = defaultdict(list)
         for row in result.rows:
-            for call in row.calls:
-                by_step[call["step"]].append(call)
+            for call in row.calls or []:
+                by_step[call.step].append(call)
         for step in STEPS:
             calls = by_step.get(step, [])
             if not calls:
                 continue
-            failed = [c for c in calls if c.get("error")]
-            retried = sum(int(c.get("attempts") or 1) - 1 for c in calls)
+            failed = [c for c in calls if c.error]
+            retried = sum(c.attempts - 1 for c in calls)
             rows.append(
                 [
                     strategy,
                     step,
-                    "rule" if calls[0].get("messages") is None else "llm",
+                    "rule" if calls[0].messages is None else "llm",
                     str(len(calls)),
                     f"{len(failed)} ({len(failed) / len(calls):.0%})",
                     str(retried),
-                    f"{statistics.fmean(c['prompt_tokens'] for c in calls):.0f}",
-                    f"{statistics.fmean(c['completion_tokens'] for c in calls):.0f}",
-                    f"{statistics.fmean(c['latency_s'] for c in calls):.2f}",
+                    f"{statistics.fmean(c.prompt_tokens for c in calls):.0f}",
+                    f"{statistics.fmean(c.completion_tokens for c in calls):.0f}",
+                    f"{statistics.fmean(c.latency_s for c in calls):.2f}",
                 ]
             )
     return rows
@@ -245,16 +246,16 @@ def report(
     for item in checked:
         result = item.result
         base = offline.get(item.strategy)
-        calls = [c for row in result.rows for c in row.calls]
-        failed_calls = sum(bool(c.get("error")) for c in calls)
+        calls = [c for row in result.rows for c in row.calls or []]
+        failed_calls = sum(bool(c.error) for c in calls)
         rows.append(
             [
                 item.strategy,
                 f"{len(result.rows)} ({sum(r.status != 'ok' for r in result.rows)} failed)",
                 str(len(calls)),
                 str(failed_calls),
-                f"{sum(c['prompt_tokens'] for c in calls):,} / "
-                f"{sum(c['completion_tokens'] for c in calls):,}",
+                f"{sum(c.prompt_tokens for c in calls):,} / "
+                f"{sum(c.completion_tokens for c in calls):,}",
                 mean(result, "recall_at_k"),
                 mean(base, "recall_at_k") if base else "–",
                 mean(result, "f1"),

@@ -7,6 +7,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from experiments.results import metrics as registry
 from experiments.results.row import MAX_HOPS_REPORTED, QuestionRow
 
 
@@ -26,41 +27,17 @@ class Aggregate:
         return f"{self.n}/{self.total}"
 
 
-ALWAYS_SCORED = (
-    "recall_at_k",
-    "precision_at_k",
-    "mrr",
-    "recall_hop1",
-    "recall_hop2",
-    "recall_hop3",
-    "exact_match",
-    "f1",
-    "correct_refusal",
-    "false_refusal",
-    "hops",
-    "retrieval_calls",
-    "llm_calls",
-    "llm_calls_cached",
-    "distinct_passages",
-    "prompt_tokens",
-    "completion_tokens",
-    "tokens",
-    "cost_usd",
-    "cost_usd_spent",
-    "latency_s",
-)
-"""Metrics every answered question has, as a value or as a missing reason: a run keeps them
-(with their coverage) even when no question was answered."""
-
-
 def aggregate(
-    rows: Sequence[QuestionRow], expected: Sequence[str] = ALWAYS_SCORED
+    rows: Sequence[QuestionRow], expected: Sequence[str] | None = None
 ) -> dict[str, Aggregate]:
     """Mean of each metric over the rows that have it; failed rows count in the total.
 
-    The `expected` metrics are there even when no row has them (every question failed): their
-    coverage is 0/N with the failures as the reason, not an empty table.
+    The `expected` metrics (default: those registered as `always`, which every answered question
+    has as a value or a missing reason) are there even when no row has them (every question
+    failed): their coverage is 0/N with the failures as the reason, not an empty table.
     """
+    if expected is None:
+        expected = registry.names(registry.always())
     names: list[str] = []
     for row in rows:
         names += [n for n in [*row.values, *row.missing] if n not in names]

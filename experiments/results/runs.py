@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from typing import Any
 
 import pandas as pd
 
 from experiments.results import tracking
+from experiments.results.row import normalised
 from experiments.results.tracking import mlflow
 
 
@@ -23,6 +22,7 @@ class LoadedRun:
     llm: str
     metrics: dict[str, float]
     questions: pd.DataFrame
+    """The per-question table: scalar columns, each row whole in `row` (`row.rows_of`)."""
 
     display: str = ""
 
@@ -55,7 +55,7 @@ def connect(uri: str | None = None, experiment: str = "caprag") -> str:
 
 
 def load_run(run_id: str) -> LoadedRun:
-    """One run with its per-question table."""
+    """One run with its per-question table (a schema-1 table in the current form)."""
     run = mlflow.get_run(run_id)
     tags = run.data.tags
     try:
@@ -71,7 +71,7 @@ def load_run(run_id: str) -> LoadedRun:
         dataset=tags.get("caprag.dataset", "?"),
         llm=tags.get("caprag.llm", "?"),
         metrics=dict(run.data.metrics),
-        questions=questions,
+        questions=normalised(questions),
     )
 
 
@@ -94,9 +94,3 @@ def latest_sweep(experiment_id: str) -> list[str]:
         output_format="list",
     )
     return [c.info.run_id for c in children]
-
-
-def hop_trace(row: pd.Series) -> list[dict[str, Any]]:
-    """The hop list stored with a question row."""
-    value = row.get("trace", "[]")
-    return list(json.loads(value)) if isinstance(value, str) and value else []

@@ -19,12 +19,14 @@ the set `hotpotqa:bridge` logs as `recall_at_k/hotpotqa_bridge`.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import pandas as pd
+
+from experiments.results import metrics as registry
+from experiments.results.row import GOLD_HOPS
 
 Dimension = Literal["set", "type", "gold_hops"]
 DIMENSIONS: tuple[Dimension, ...] = ("set", "type", "gold_hops")
@@ -33,20 +35,6 @@ DIMENSION_LABELS: dict[Dimension, str] = {
     "type": "question type",
     "gold_hops": "gold hops",
 }
-SLICE_METRICS = (
-    "recall_at_k",
-    "all_gold_at_k",
-    "mrr",
-    "f1",
-    "correct_refusal",
-    "false_refusal",
-    "hops",
-    "prompt_tokens",
-    "tokens",
-    "cost_usd",
-    "latency_s",
-)
-"""The metrics logged per slice to MLflow (the main ones: the overall run logs them all)."""
 QUESTIONS = "questions"
 _UNSAFE = re.compile(r"[^\w.\- ]")
 
@@ -63,10 +51,11 @@ def question_type(frame: pd.DataFrame) -> pd.Series:
 
 def gold_hops(frame: pd.DataFrame) -> pd.Series:
     """The number of gold passages of each question (its hops; 0 for unanswerable ones), as
-    text; empty where the table has no `gold_ids` column."""
-    if "gold_ids" not in frame.columns:
+    text; empty where the table has no `gold_hops` column (a table that never knew its gold)."""
+    if GOLD_HOPS not in frame.columns:
         return pd.Series("", index=frame.index, dtype=object)
-    return frame["gold_ids"].map(_count)
+    counts = pd.to_numeric(frame[GOLD_HOPS], errors="coerce")
+    return counts.map(lambda n: "" if pd.isna(n) else str(int(n))).astype(object)
 
 
 def slice_keys(frame: pd.DataFrame, by: Dimension) -> pd.Series:
@@ -110,13 +99,16 @@ def metric_name(metric: str, by: Dimension, key: str) -> str:
     return f"{metric}/{part}" if by == "set" else f"{metric}/{by}/{part}"
 
 
-def slice_metrics(frame: pd.DataFrame, metrics: Sequence[str] = SLICE_METRICS) -> dict[str, float]:
-    """Every slice's metric means and question count under its MLflow name.
+def slice_metrics(frame: pd.DataFrame, metrics: Sequence[str] | None = None) -> dict[str, float]:
+    """Every slice's metric means and question count under its MLflow name (by default of the
+    metrics registered as `sliced`: the main ones; the overall run logs them all).
 
     Sets are always logged; a type or gold-hops breakdown with a single slice repeats the
     overall metrics and is left out. A metric with no value on a slice is not logged there
     (its `questions/<slice>` count still is).
     """
+    if metrics is None:
+        metrics = registry.names(registry.sliced())
     out: dict[str, float] = {}
     for by in DIMENSIONS:
         table = slice_means(frame, metrics, by)
@@ -135,15 +127,6 @@ def _text(frame: pd.DataFrame, column: str) -> pd.Series:
     if column not in frame.columns:
         return pd.Series("", index=frame.index, dtype=object)
     return frame[column].fillna("").astype(str)
-
-
-def _count(value: Any) -> str:
-    if isinstance(value, str):
-        try:
-            value = json.loads(value) if value else []
-        except json.JSONDecodeError:
-            return ""
-    return str(len(value)) if isinstance(value, list) else ""
 
 
 def keys_of(tables: Mapping[str, pd.DataFrame], by: Dimension) -> list[str]:

@@ -19,7 +19,7 @@ What a trace holds, so MLflow's trace list can filter and compare questions:
   Expectations (`feedback.recall_at_k < 1` filters). A SQL store gets a batch's assessments in one
   more transaction (bulk rows, as `start_trace` would add them); other stores one call each;
 - content: a hop span's outputs are its documents in MLflow's retriever format (passage text where
-  the row kept it: see `evaluate.PASSAGE_CHARS`), an LLM call's span has its messages and reply in
+  the row kept it: see `row.PASSAGE_CHARS`), an LLM call's span has its messages and reply in
   the OpenAI chat format (inputs `messages`, outputs `choices`) and `mlflow.chat.messages`;
 - a failed question's trace: its root span has status ERROR and an `exception` event with the
   row's error, with the calls the question made before it failed.
@@ -70,6 +70,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
 
+from caprag.schemas import CallUsage, RetrievedRef
 from experiments.results.row import QuestionRow
 
 CASE_TAG = "caprag.case"
@@ -301,21 +302,6 @@ def _ns(seconds: float | None) -> int:
     return int((seconds or 0.0) * 1e9)
 
 
-def _split_calls(
-    row: QuestionRow,
-) -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]], list[dict[str, Any]]]:
-    """The row's calls by node: rewrite, each hop, generate (in the order the turn made them)."""
-    calls = list(row.calls)
-    rewrite = [calls.pop(0)] if calls and calls[0].get("step") == "rewrite" else []
-    generate = [calls.pop()] if calls and calls[-1].get("step") == "generate" else []
-    hops = []
-    for hop in row.trace:
-        count = len(hop.get("usage") or [])
-        hops.append(calls[:count])
-        calls = calls[count:]
-    return rewrite, hops, generate
-
-
 class _Timeline:
     """Real times of a question: calls where measured, else laid one after another."""
 
@@ -332,7 +318,7 @@ class _Timeline:
         start_ns: int,
         seconds: float,
         attributes: Mapping[str, Any] | None = None,
-        calls: Sequence[Mapping[str, Any]] = (),
+        calls: Sequence[CallUsage] = (),
     ) -> int:
         """A span of `seconds` from start_ns with a CHAT_MODEL span per call under it (widened to
         hold its calls); returns its end."""
@@ -347,35 +333,32 @@ class _Timeline:
         return end_ns
 
     @staticmethod
-    def _call_windows(calls: Sequence[Mapping[str, Any]], start_ns: int) -> list[tuple[int, int]]:
+    def _call_windows(calls: Sequence[CallUsage], start_ns: int) -> list[tuple[int, int]]:
         windows = []
         t = start_ns
         for call in calls:
-            started = call.get("started_at")
-            begin = int(started * 1e9) if started else t
-            t = begin + _ns(call.get("latency_s"))
+            begin = int(call.started_at * 1e9) if call.started_at else t
+            t = begin + _ns(call.latency_s)
             windows.append((begin, t))
         return windows
 
-    def _call(self, parent: int, call: Mapping[str, Any], start_ns: int, end_ns: int) -> None:
+    def _call(self, parent: int, call: CallUsage, start_ns: int, end_ns: int) -> None:
         """The messages as sent and the reply of a model call; the rule and cost of a rule step."""
         attributes = {
-            key: str(call[key])
+            key: str(getattr(call, key))
             for key in ("model", "prompt_tokens", "completion_tokens", "cost_usd", "attempts")
-            if call.get(key) is not None
         }
         for key in ("error", "notes", "cached"):
-            if call.get(key):
-                attributes[key] = str(call[key])
-        messages = call.get("messages")
-        if messages is None:  # a rule step: nothing was sent
-            inputs: Any = {"rule": f"no call ({call.get('prompt_version')})"}
-            outputs: Any = {"reply": call.get("reply")}
+            if getattr(call, key):
+                attributes[key] = str(getattr(call, key))
+        if call.messages is None:  # a rule step: nothing was sent
+            inputs: Any = {"rule": f"no call ({call.prompt_version})"}
+            outputs: Any = {"reply": call.reply}
         else:
-            inputs, outputs, chat = _chat(call, messages)
+            inputs, outputs, chat = _chat(call, call.messages)
             attributes.update(chat)
         self.trace.span(
-            f"llm {call['step']}",
+            f"llm {call.step}",
             SpanType.CHAT_MODEL,
             parent,
             inputs,
@@ -386,17 +369,12 @@ class _Timeline:
         )
 
 
-def _chat(
-    call: Mapping[str, Any], messages: list[dict[str, str]]
-) -> tuple[Any, Any, dict[str, Any]]:
+def _chat(call: CallUsage, messages: list[dict[str, str]]) -> tuple[Any, Any, dict[str, Any]]:
     """A model call in the OpenAI chat format the MLflow UI renders: request (model, messages as
     sent), completion (the reply as the assistant's message), the conversation and token use."""
-    reply = call.get("reply")
-    model = call.get("model", "")
-    prompt, completion = (
-        int(call.get("prompt_tokens") or 0),
-        int(call.get("completion_tokens") or 0),
-    )
+    reply = call.reply
+    model = call.model
+    prompt, completion = call.prompt_tokens, call.completion_tokens
     outputs = {
         "object": "chat.completion",
         "model": model,
@@ -429,27 +407,33 @@ def _chat(
     )
 
 
-def documents(refs: Sequence[Mapping[str, Any]], texts: Mapping[str, str]) -> list[dict[str, Any]]:
-    """Documents in MLflow's retriever format (page_content, metadata, id), the text from the
-    document or, for one an earlier hop already carried, from `texts`."""
+def documents(row: QuestionRow, refs: Sequence[RetrievedRef]) -> list[dict[str, Any]]:
+    """A hop's documents in MLflow's retriever format (page_content, metadata, id): the text the
+    row keeps of each passage, the document with its section and whether it is gold."""
     return [
         {
-            "page_content": ref.get("text") or texts.get(ref.get("passage_id", ""), ""),
-            "metadata": {k: v for k, v in ref.items() if k != "text"},
-            "id": ref.get("passage_id", ""),
+            "page_content": row.passage(ref.passage_id).text,
+            "metadata": {
+                **ref.model_dump(),
+                "gold": row.is_gold(ref.passage_id),
+                "section": row.passage(ref.passage_id).section,
+            },
+            "id": ref.passage_id,
         }
         for ref in refs
     ]
 
 
-def passage_texts(hops: Sequence[Mapping[str, Any]]) -> dict[str, str]:
-    """The passage text each retrieved document carries (on its first appearance), by id."""
-    return {
-        doc["passage_id"]: doc["text"]
-        for hop in hops
-        for doc in hop.get("documents", [])
-        if doc.get("text")
-    }
+def context_documents(row: QuestionRow) -> list[dict[str, Any]]:
+    """The passages handed to generation in MLflow's retriever format (text as the row keeps it)."""
+    return [
+        {
+            "page_content": row.passage(pid).text,
+            "metadata": {"passage_id": pid},
+            "id": pid,
+        }
+        for pid in row.context_ids
+    ]
 
 
 def build_trace(row: QuestionRow, target: Target) -> _Trace:
@@ -462,8 +446,7 @@ def build_trace(row: QuestionRow, target: Target) -> _Trace:
     start = row.started_ns or time.time_ns() - total_ns  # rows journaled before started_ns
     if row.status != "ok":
         return _failed(trace, timeline, start, total_ns)
-    rewrite_calls, hop_calls, generate_calls = _split_calls(row)
-    texts = passage_texts(row.trace)
+    rewrite_calls, hop_calls, generate_calls = row.calls_by_node()
     root = trace.new_id()
     t = timeline.node(
         root,
@@ -475,31 +458,33 @@ def build_trace(row: QuestionRow, target: Target) -> _Trace:
         row.timings.get("rewrite", 0.0),
         calls=rewrite_calls,
     )
-    hops_ns = sum(_ns(hop.get("latency_s")) for hop in row.trace)
+    hops_ns = sum(_ns(hop.latency_s) for hop in row.hops)
     retrieve_ns = max(_ns(row.timings.get("retrieve")), hops_ns)
     retrieve = trace.span(
         "retrieve",
         SpanType.RETRIEVER,
         root,
         {"main_question": row.main_question},
-        documents([{"passage_id": pid} for pid in row.context_ids], texts),
+        context_documents(row),
         t,
         t + retrieve_ns,
     )
     h = t
-    for hop, calls in zip(row.trace, hop_calls, strict=True):
+    for hop, calls in zip(row.hops, hop_calls, strict=True):
+        attributes: dict[str, Any] = {
+            key: str(getattr(hop, key)) for key in HOP_ATTRIBUTES if getattr(hop, key) is not None
+        }
+        if hop.decision is not None:
+            attributes["decision"] = hop.decision.model_dump()
         h = timeline.node(
             retrieve,
-            f"hop {hop['hop']}",
+            f"hop {hop.hop}",
             SpanType.RETRIEVER,
-            {"queries": hop["queries"]},
-            documents(hop["documents"], texts),
+            {"queries": hop.queries},
+            documents(row, hop.documents),
             h,
-            float(hop.get("latency_s", 0.0)),
-            {
-                **{key: str(hop[key]) for key in HOP_ATTRIBUTES if hop.get(key) is not None},
-                **({"decision": hop["decision"]} if hop.get("decision") else {}),
-            },
+            hop.latency_s,
+            attributes,
             calls,
         )
     end = timeline.node(

@@ -206,7 +206,7 @@ def log_results(
 ) -> None:
     """Means and coverage as metrics, the main ones per slice (`recall_at_k/cross_book`,
     `recall_at_k/type/bridge`: experiments.results.slices), recall per hop as a stepped metric,
-    rows as a table."""
+    rows as a table (`QuestionRow.record`: each row whole in `row`, its scalars beside it)."""
     metrics: dict[str, float] = dict(summary)
     for name, agg in aggregates.items():
         if agg.mean is not None:

@@ -22,6 +22,8 @@ from scipy import optimize, stats
 from caprag.config import PROJECT_ROOT
 from caprag.steps.assess import MEASURES, Calibration, heuristic_confidence
 from caprag.strategies.base import DocumentPool, Retriever
+from caprag.trace import HopTrace
+from experiments.results.row import rows_of
 
 CALIBRATIONS = PROJECT_ROOT / "conf" / "strategy" / "calibration"
 FEATURES = ("coverage", "margin", "log_passages")
@@ -188,15 +190,13 @@ TARGET_RECALL_LOSS = 0.01
 """... at no more than 1 point of gold-passage recall@k lost."""
 
 
-def final_decision(trace: Sequence[dict[str, object]]) -> str:
+def final_decision(hops: Sequence[HopTrace]) -> str:
     """The last hop's adaptive decision (budget stops by their budget), '—' without one."""
-    return str(trace[-1].get("adaptive_decision") or "—") if trace else "—"
+    return (hops[-1].adaptive_decision or "—") if hops else "—"
 
 
 def adaptive_summary(auto: pd.DataFrame, deep: pd.DataFrame) -> dict[str, float]:
     """Adaptive (auto) against always-deep, question by question (ok rows of both runs)."""
-    from experiments.results.runs import hop_trace
-
     auto = auto[auto["status"] == "ok"]
     deep = deep[deep["status"] == "ok"]
     shared = sorted(set(auto["question_id"]) & set(deep["question_id"]))
@@ -204,7 +204,7 @@ def adaptive_summary(auto: pd.DataFrame, deep: pd.DataFrame) -> dict[str, float]
     d = deep.set_index("question_id").loc[shared]
     success = (a["context_recall"] == 1.0).astype(float)
     table = reliability(a["confidence"], success)
-    decisions = pd.Series([final_decision(hop_trace(row)) for _, row in a.iterrows()])
+    decisions = pd.Series([final_decision(row.hops) for row in rows_of(a)])
     return {
         "questions": float(len(shared)),
         "tokens_auto": float(a["prompt_tokens"].mean()),

@@ -1,4 +1,4 @@
-"""Failure tags: why a question went wrong, read from its logged row (trace, calls, status).
+"""Failure tags: why a question went wrong, read from its row (hops, calls, status).
 
 Each tag is a rule over what the harness logs for every question, never over a corpus's content:
 
@@ -21,16 +21,13 @@ Each tag is a rule over what the harness logs for every question, never over a c
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any
-
-from pydantic import ValidationError
+from collections.abc import Sequence
 
 from caprag.services import stop_reason
 from caprag.text import terms
 from caprag.trace import HopTrace
+from experiments.results.row import QuestionRow
 
 STOPPED_EARLY = "analyzer stopped early"
 QUERY_DRIFT = "query drift"
@@ -46,40 +43,35 @@ TIMED_OUT = re.compile(r"timed out|timeout", re.IGNORECASE)
 PARSE_ERRORS = ("StepFailedError", "StructuredOutputError")
 
 
-def failure_tags(row: Mapping[Any, Any], drift_threshold: float = DRIFT_THRESHOLD) -> list[str]:
-    """The tags of one question's row (a `QuestionRow.record()` or a row of a run's table), in
-    the order of `TAGS`."""
-    hops = logged_list(row.get("trace"))
-    calls = logged_list(row.get("calls"))
-    error = str(row.get("error") or "")
-    status = str(row.get("status") or "ok")
-    reason = _stop_reason(hops)
+def failure_tags(row: QuestionRow, drift_threshold: float = DRIFT_THRESHOLD) -> list[str]:
+    """The tags of one question's row, in the order of `TAGS`."""
+    calls = row.calls or []
+    reason = stop_reason(row.hops)
     found = {
-        STOPPED_EARLY: stopped_early(hops, logged_list(row.get("gold_ids"))),
-        QUERY_DRIFT: drift(row, hops) < drift_threshold,
+        STOPPED_EARLY: stopped_early(row.hops, row.gold_ids),
+        QUERY_DRIFT: drift(row) < drift_threshold,
         BUDGET_STOP: reason is not None
         and reason.startswith(BUDGET)
         and reason != f"{BUDGET}timeout",
         TIMEOUT: reason == f"{BUDGET}timeout"
-        or status == "timeout"
-        or bool(TIMED_OUT.search(error))
-        or any(TIMED_OUT.search(str(c.get("error") or "")) for c in calls),
-        PARSE_FAILURE: any(str(c.get("error") or "").startswith(UNPARSEABLE) for c in calls)
-        or error.startswith(PARSE_ERRORS),
-        ERROR: status != "ok",
+        or row.status == "timeout"
+        or bool(TIMED_OUT.search(row.error))
+        or any(TIMED_OUT.search(c.error or "") for c in calls),
+        PARSE_FAILURE: any((c.error or "").startswith(UNPARSEABLE) for c in calls)
+        or row.error.startswith(PARSE_ERRORS),
+        ERROR: row.status != "ok",
     }
     return [tag for tag in TAGS if found[tag]]
 
 
-def stopped_early(hops: Sequence[dict[str, Any]], gold: Sequence[str]) -> bool:
+def stopped_early(hops: Sequence[HopTrace], gold: Sequence[str]) -> bool:
     """A hop judged its passages sufficient while a gold passage was not yet retrieved."""
     seen: set[str] = set()
     for hop in hops:
-        seen.update(str(d.get("passage_id")) for d in hop.get("documents") or [])
-        decision = hop.get("decision") or {}
-        said_enough = decision.get("sufficient") is True or hop.get("adaptive_decision") == (
-            "sufficient"
-        )
+        seen.update(d.passage_id for d in hop.documents)
+        said_enough = (
+            hop.decision is not None and hop.decision.sufficient
+        ) or hop.adaptive_decision == "sufficient"
         if said_enough:
             return bool(gold) and not set(gold) <= seen
     return False
@@ -94,37 +86,19 @@ def overlap(query: str, reference: str) -> float:
     return len(mine & set(terms(reference))) / len(mine)
 
 
-def drift(row: Mapping[Any, Any], hops: Sequence[dict[str, Any]] | None = None) -> float:
+def drift(row: QuestionRow) -> float:
     """The lowest overlap of any query issued for the question (1.0 when none was issued).
 
     A hop's query is held against the question, its rewrite and what earlier hops retrieved
     (each passage's id, section and kept text): a later hop that follows a reference found in a
     passage ("see Old Soldier") follows the evidence, it does not drift from it."""
-    question = str(row.get("question") or "")
-    main = str(row.get("main_question") or "")
+    question, main = row.question, row.main_question
     scores = [overlap(main, question)] if main and main != question else []
     evidence = [question, main]
-    for hop in logged_list(row.get("trace")) if hops is None else hops:
+    for hop in row.hops:
         reference = " ".join(evidence)
-        scores += [overlap(str(q), reference) for q in hop.get("queries") or []]
-        for doc in hop.get("documents") or []:
-            evidence += [str(doc.get(key) or "") for key in ("passage_id", "section", "text")]
+        scores += [overlap(q, reference) for q in hop.queries]
+        for doc in hop.documents:
+            passage = row.passage(doc.passage_id)
+            evidence += [doc.passage_id, passage.section, passage.text]
     return min(scores, default=1.0)
-
-
-def _stop_reason(hops: Sequence[dict[str, Any]]) -> str | None:
-    """How retrieval ended, as the library names it (None when the trace cannot be read)."""
-    try:
-        return stop_reason([HopTrace.model_validate(h) for h in hops])
-    except (ValidationError, TypeError):
-        return None
-
-
-def logged_list(value: Any) -> list[Any]:
-    """A list logged as a list or as its JSON text (MLflow tables hold JSON strings)."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value) if value.strip() else []
-        except json.JSONDecodeError:
-            return []
-    return list(value) if isinstance(value, list | tuple) else []

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from experiments.results import metrics as registry
 from experiments.results.tables import markdown_table
 from experiments.scoring.significance import KEY, question_means
 
@@ -238,26 +239,22 @@ def _mean(values: pd.Series) -> float | None:
     return float(clean.mean()) if len(clean) else None
 
 
-def _cell(value: float | None, kind: str) -> str:
+def _share(value: float | None) -> str:
     if value is None or value != value:
         return "—"
-    if kind == "share":
-        return f"{value:+.1%}" if value < 0 else f"{value:.1%}"
-    if kind == "cost_usd":
-        return f"{value:.6f}"
-    if kind == "tokens":
-        return f"{value:,.0f}"
-    return f"{value:.3f}"
+    return f"{value:+.1%}" if value < 0 else f"{value:.1%}"
 
 
 def markdown(result: OracleResult) -> str:
-    """The oracle section's tables and a sentence reading them (for `experiments.cli.report`)."""
+    """The oracle section's tables and a sentence reading them (for `experiments.cli.report`);
+    names, units and numbers as the metrics' registry entries write them."""
+    cost, quality = registry.get(result.cost), registry.get(result.quality)
     best = result.best_single()
     head = [
-        f"Per question, the cheapest run (by {result.cost}) among those that reached the best "
-        f"{result.quality} any run reached on it; {result.questions} questions routed"
+        f"Per question, the cheapest run (by {cost.label}) among those that reached the best "
+        f"{quality.label} any run reached on it; {result.questions} questions routed"
         + (
-            f" ({result.unscored} with no {result.quality}, routed by cost alone)"
+            f" ({result.unscored} with no {quality.label}, routed by cost alone)"
             if result.unscored
             else ""
         )
@@ -269,49 +266,46 @@ def markdown(result: OracleResult) -> str:
     rows = [
         [
             t.name,
-            _cell(t.total_cost, result.cost),
-            _cell(t.mean_cost, result.cost),
-            _cell(t.mean_quality, ""),
+            cost.display_total(t.total_cost),
+            cost.display(t.mean_cost),
+            quality.display(t.mean_quality),
             str(t.chosen),
-            "—" if t.name == ORACLE else _cell(result.saving(t.name), "share"),
+            "—" if t.name == ORACLE else _share(result.saving(t.name)),
         ]
         for t in result.totals()
     ]
-    table = markdown_table(
-        [
-            "run",
-            f"total {result.cost}",
-            f"{result.cost} / question",
-            f"mean {result.quality}",
-            "routed to it",
-            "oracle saves",
-        ],
-        rows,
-    )
+    header = ["run", cost.total_heading, cost.heading, quality.heading, "routed to it"]
+    table = markdown_table([*header, "oracle saves"], rows)
     totals = {t.name: t for t in result.totals()}
     reading = (
-        f"A perfect router would spend {_cell(result.saving(best), 'share')} less than always "
-        f"running {best} (the best single run, {result.quality} "
-        f"{_cell(totals[best].mean_quality, '')}) and reach {result.quality} "
-        f"{_cell(totals[ORACLE].mean_quality, '')}."
+        f"A perfect router would spend {_share(result.saving(best))} less than always "
+        f"running {best} (the best single run, {quality.label} "
+        f"{quality.display(totals[best].mean_quality)}) and reach {quality.label} "
+        f"{quality.display(totals[ORACLE].mean_quality)}."
     )
     lines = [*head, table, "", reading, ""]
     sets = result.by_set()
     if len(sets) > 1:
-        columns = list(sets.columns)
+        set_header = ["set", "questions", f"oracle {cost.heading}", f"oracle {quality.heading}"]
+        set_header += [
+            h for name in result.runs for h in (f"{name} {quality.heading}", f"saves vs {name}")
+        ]
         set_rows = [
             [
                 str(row["set"]),
                 str(row["questions"]),
+                cost.display(row[f"oracle {result.cost} / question"]),
+                quality.display(row[f"oracle {result.quality}"]),
                 *[
-                    _cell(
-                        row[c],
-                        "share" if c.startswith("saves") else (result.cost if "/" in c else ""),
+                    cell
+                    for name in result.runs
+                    for cell in (
+                        quality.display(row[f"{name} {result.quality}"]),
+                        _share(row[f"saves vs {name}"]),
                     )
-                    for c in columns[2:]
                 ],
             ]
             for _, row in sets.iterrows()
         ]
-        lines += ["By question set:", "", markdown_table(columns, set_rows), ""]
+        lines += ["By question set:", "", markdown_table(set_header, set_rows), ""]
     return "\n".join(lines)

@@ -5,72 +5,60 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
+from experiments.results import metrics as registry
 from experiments.results import slices
-from experiments.scoring.failures import failure_tags, logged_list
+from experiments.results.row import rows_of
+from experiments.scoring.failures import failure_tags
 
-
-@dataclass(frozen=True)
-class Metric:
-    """How a per-question metric reads: its label, its direction, and the value a failed
-    question counts as (None: a failed question is not scored on it)."""
-
-    label: str
-    higher_is_better: bool = True
-    failed_counts_as: float | None = 0.0
-
-
-METRICS = {
-    "recall_at_k": Metric("gold-passage recall@k"),
-    "all_gold_at_k": Metric("all gold passages in k"),
-    "f1": Metric("answer F1"),
-    "exact_match": Metric("exact match"),
-    "correct_refusal": Metric("correct refusal"),
-    "false_refusal": Metric("false refusal", higher_is_better=False, failed_counts_as=None),
-    "precision_at_k": Metric("gold-passage precision@k"),
-    "mrr": Metric("MRR"),
-    "context_recall": Metric("gold passages in context"),
-    "tokens": Metric("tokens", higher_is_better=False, failed_counts_as=None),
-    "cost_usd": Metric("cost (USD)", higher_is_better=False, failed_counts_as=None),
-}
 BETTER, WORSE, SAME, NOT_SCORED = "better", "worse", "same", "not scored"
 CHANGES = (WORSE, BETTER, SAME, NOT_SCORED)
 """In the order rows are listed: regressions first."""
 KEYS = ("case_id", "question_id", "turn", "repeat")
-INFO = ("set", "query_type", "question", "gold_answer", "gold_ids")
+INFO = ("set", "query_type", "question", "gold_answer")
+"""Columns of run A's table each compared row carries (and `gold_ids`, from A's rows)."""
 TOLERANCE = 1e-9
 
 
 def metrics_of(a: pd.DataFrame, b: pd.DataFrame) -> list[str]:
-    """The metrics both tables can be compared on, in `METRICS` order."""
-    return [m for m in METRICS if _values(a, m) is not None and _values(b, m) is not None]
+    """The per-question metrics with a better direction (experiments.results.metrics) both tables
+    can be compared on, in the registry's order."""
+    return [
+        m.name
+        for m in registry.directed()
+        if _values(a, m.name) is not None and _values(b, m.name) is not None
+    ]
 
 
 def compare(a: pd.DataFrame, b: pd.DataFrame, metric: str) -> pd.DataFrame:
     """Per question answered by both runs: each side's value and failure tags, and the change
     from A to B (better, worse, same, or not scored when the metric does not apply).
 
-    A failed question counts as the metric's worst value where the metric applies to it (the
-    other run has a value), so a question that now fails is `worse`, not dropped.
+    A failed question counts as the metric's `failed_counts_as` (0 for quality scores) where the
+    metric applies to it (the other run has a value), so a question that now fails is `worse`,
+    not dropped; a metric without one (costs) leaves it not scored. Which way is better is the
+    metric's direction; a metric with none is refused.
     """
     keys = [k for k in KEYS if k in a.columns and k in b.columns]
     if "question_id" not in keys:
         raise ValueError("both runs' tables need a question_id column to be matched")
-    rule = METRICS[metric]
+    rule = registry.get(metric)
+    if rule.higher_is_better is None:
+        raise ValueError(f"{metric} has no better direction: no question got better or worse")
     base = a[keys].copy()
     for column in INFO:
         base[column] = a[column] if column in a.columns else ""
+    base["gold_ids"] = [row.gold_ids for row in rows_of(a)]
     sides = []
     for frame, tag in ((a, "a"), (b, "b")):
         side = frame[keys].copy()
         values = _values(frame, metric)
         side[f"value_{tag}"] = values if values is not None else float("nan")
         side[f"status_{tag}"] = frame["status"] if "status" in frame.columns else "ok"
-        side[f"tags_{tag}"] = [failure_tags(row) for row in frame.to_dict("records")]
+        side[f"tags_{tag}"] = [failure_tags(row) for row in rows_of(frame)]
         sides.append(side)
     merged = base.merge(sides[0], on=keys).merge(sides[1], on=keys)
     for tag, other in (("a", "b"), ("b", "a")):
@@ -160,7 +148,7 @@ def as_dataset(frame: pd.DataFrame) -> list[dict[str, Any]]:
     repeats is written once."""
     items: dict[str, dict[str, Any]] = {}
     for row in single_questions(frame).to_dict("records"):
-        gold = [str(p) for p in logged_list(row.get("gold_ids"))]
+        gold = [str(p) for p in row.get("gold_ids") or []]
         items.setdefault(
             str(row["question_id"]),
             {

@@ -14,22 +14,10 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from experiments.results.tables import fmt, markdown_table
+from experiments.results import metrics as registry
+from experiments.results.tables import markdown_table
 
 KEY = "question_id"
-QUALITY_METRICS = ("recall_at_k", "all_gold_at_k", "mrr", "f1", "exact_match", "context_recall")
-COST_METRICS = ("tokens", "cost_usd", "latency_s", "hops")
-DEFAULT_METRICS = QUALITY_METRICS + COST_METRICS
-LOWER_IS_BETTER = frozenset(
-    {
-        *COST_METRICS,
-        "prompt_tokens",
-        "completion_tokens",
-        "llm_calls",
-        "retrieval_calls",
-        "false_refusal",
-    }
-)
 ALPHA = 0.05
 MIN_PAIRED = 2
 EXACT_MAX_N = 16
@@ -105,12 +93,19 @@ class MetricComparison:
     only_b: int = 0
     reason: str = ""
 
+    def significant(self, alpha: float = ALPHA) -> bool:
+        """Whether B − A differs from 0 at alpha."""
+        if self.p_value is None or self.diff is None:
+            return False
+        return self.p_value < alpha and self.diff != 0
+
     def better(self, alpha: float = ALPHA) -> str:
-        """'A' or 'B' when the difference is significant at alpha, else ''."""
-        if self.p_value is None or self.diff is None or self.p_value >= alpha or self.diff == 0:
+        """'A' or 'B' when the difference is significant at alpha (by the metric's direction),
+        else '' (also for a metric with no better direction)."""
+        higher = registry.get(self.metric).higher_is_better
+        if higher is None or self.diff is None or not self.significant(alpha):
             return ""
-        b_higher = self.diff > 0
-        return "A" if b_higher == (self.metric in LOWER_IS_BETTER) else "B"
+        return "B" if (self.diff > 0) == higher else "A"
 
 
 def question_means(rows: pd.DataFrame, metrics: Sequence[str], key: str = KEY) -> pd.DataFrame:
@@ -133,9 +128,10 @@ def question_means(rows: pd.DataFrame, metrics: Sequence[str], key: str = KEY) -
 
 
 def default_metrics(rows_a: pd.DataFrame, rows_b: pd.DataFrame) -> list[str]:
-    """The quality and cost metrics either table has (one missing in a run gets a reason later)."""
+    """The headline metrics (experiments.results.metrics) either table has (one missing in a run
+    gets a reason later)."""
     columns = set(rows_a.columns) | set(rows_b.columns)
-    return [m for m in DEFAULT_METRICS if m in columns]
+    return [m.name for m in registry.headline() if m.name in columns]
 
 
 def pair_runs(
@@ -339,21 +335,23 @@ def format_p(p: float | None) -> str:
 
 
 def table_rows(comparisons: Sequence[MetricComparison]) -> list[list[str]]:
-    """Cells of the comparison table: metric, A, B, B − A, CI as [low, high], p, n, note."""
+    """Cells of the comparison table: metric (its heading), A, B, B − A, CI as [low, high], p, n,
+    note; values written as the metric's registry entry says."""
     rows = []
     for c in comparisons:
+        metric = registry.get(c.metric)
         if c.diff is None or c.ci_low is None or c.ci_high is None:
             diff = interval = "—"
         else:
-            diff = ("+" if c.diff > 0 else "") + fmt(c.diff, c.metric)
-            interval = f"[{fmt(c.ci_low, c.metric)}, {fmt(c.ci_high, c.metric)}]"
+            diff = ("+" if c.diff > 0 else "") + metric.display(c.diff)
+            interval = f"[{metric.display(c.ci_low)}, {metric.display(c.ci_high)}]"
         unpaired = [f"{n} only in {side}" for side, n in (("A", c.only_a), ("B", c.only_b)) if n]
         note = "; ".join([*([c.reason] if c.reason else []), *unpaired])
         rows.append(
             [
-                c.metric,
-                fmt(c.mean_a, c.metric),
-                fmt(c.mean_b, c.metric),
+                metric.heading,
+                metric.display(c.mean_a),
+                metric.display(c.mean_b),
                 diff,
                 interval,
                 format_p(c.p_value),
@@ -391,14 +389,24 @@ def verdict(comparisons: Sequence[MetricComparison], alpha: float = ALPHA) -> st
     """Which run is better on which metric at p < alpha, and where there is no clear difference."""
     if not comparisons:
         return "No metric to compare: neither run logged any of the metrics asked for."
-    groups: dict[str, list[str]] = {"B": [], "A": [], "": [], "not compared": []}
+    groups: dict[str, list[str]] = {"B": [], "A": [], "": [], "differs": [], "not compared": []}
     for c in comparisons:
-        groups["not compared" if c.reason else c.better(alpha)].append(c.metric)
+        if c.reason:
+            side = "not compared"
+        else:
+            side = c.better(alpha) or ("differs" if c.significant(alpha) else "")
+        groups[side].append(registry.get(c.metric).label)
     parts = [f"{side} better on {', '.join(groups[side])}" for side in ("B", "A") if groups[side]]
+    if groups["differs"]:
+        parts.append(f"different (neither is better) on {', '.join(groups['differs'])}")
     if groups[""]:
         parts.append(f"no significant difference on {', '.join(groups[''])}")
     if groups["not compared"]:
         parts.append(f"not compared: {', '.join(groups['not compared'])}")
-    lower = sorted(LOWER_IS_BETTER & {c.metric for c in comparisons})
+    lower = [
+        m.label
+        for m in map(registry.get, dict.fromkeys(c.metric for c in comparisons))
+        if m.higher_is_better is False
+    ]
     rule = f" (lower is better for {', '.join(lower)})" if lower else ""
     return f"At p < {alpha:g}{rule}: " + "; ".join(parts) + "."

@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING
 import pandas as pd
 import pytest
 
-from caprag.schemas import CallUsage
+from caprag.schemas import CallUsage, RetrievedRef
+from caprag.trace import HopTrace
 from experiments.harness.run import run
-from experiments.results.row import QuestionRow
+from experiments.results.row import SCHEMA, PassageInfo, QuestionRow
 from experiments.results.tracking import TABLE, mlflow, use_experiment
 from tests.browsers import launch_chromium
 from tests.integration.test_harness import make_cfg
@@ -125,18 +126,20 @@ def calls_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
         "caprag.strategy": "multi-hop",
         "caprag.dataset": "cross_book",
         "caprag.llm": "openai",
-        "caprag.schema": "1",
+        "caprag.schema": SCHEMA,
     }
     calls = [model_call(), rule_call()]
-    hop_usage = calls[0].model_dump(mode="json", exclude={"messages", "reply"})
-    document = {
-        "passage_id": "fighting/flurry", "book_id": "fighting", "page": 41, "score": 0.8,
-        "new": True, "gold": True, "section": "Flurry",
-    }  # fmt: skip
-    hop = {
-        "hop": 1, "queries": ["Flurry second attack penalty"], "documents": [document],
-        "new_documents": 1, "duplicate_documents": 0, "usage": [hop_usage],
-    }  # fmt: skip
+    hop = HopTrace(
+        hop=1,
+        queries=["Flurry second attack penalty"],
+        documents=[
+            RetrievedRef(
+                passage_id="fighting/flurry", book_id="fighting", page=41, score=0.8, new=True
+            )
+        ],
+        new_documents=1,
+        usage=[calls[0].model_copy(update={"messages": None, "reply": None})],
+    )
     row = QuestionRow(
         case_id="t-cb-1",
         question_id="t-cb-1",
@@ -148,13 +151,37 @@ def calls_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
         answer="-4.",
         context_ids=["fighting/flurry"],
         gold_ids=["fighting/flurry"],
-        trace=[hop],
-        calls=[call.model_dump(mode="json") for call in calls],
+        hops=[hop],
+        passages={"fighting/flurry": PassageInfo(book_id="fighting", page=41, section="Flurry")},
+        calls=calls,
     )
     with mlflow.start_run(experiment_id=experiment, run_name="with-calls", tags=tags) as logged:
         mlflow.log_metrics({"questions": 1.0})
         mlflow.log_table(pd.DataFrame([row.record()]), artifact_file=TABLE)
     return Store(uri, {"calls": logged.info.run_id})
+
+
+LEGACY_TABLE = Path(__file__).resolve().parents[1] / "fixtures" / "legacy" / "questions.json"
+"""A real per-question table of schema 1 (JSON text in cells): see its README."""
+
+
+@pytest.fixture(scope="session")
+def legacy_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    """One run logged before rows were kept whole: its table is the legacy fixture's."""
+    tmp = tmp_path_factory.mktemp("legacy")
+    uri = f"sqlite:///{tmp / 'mlruns.db'}"
+    experiment = use_experiment(uri, "caprag")
+    tags = {
+        "caprag.strategy": "multi-hop",
+        "caprag.dataset": "all",
+        "caprag.llm": "openai",
+        "caprag.schema": "1",
+    }
+    table = pd.read_json(LEGACY_TABLE, orient="split")
+    with mlflow.start_run(experiment_id=experiment, run_name="schema-1", tags=tags) as logged:
+        mlflow.log_metrics({"questions": float(len(table))})
+        mlflow.log_table(table, artifact_file=TABLE)
+    return Store(uri, {"legacy": logged.info.run_id})
 
 
 @pytest.fixture
@@ -189,14 +216,12 @@ def routing_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     return Store(uri, ids)
 
 
-def adaptive_hop(number: int, depth: int, confidence: float, decision: str) -> dict[str, object]:
+def adaptive_hop(number: int, depth: int, confidence: float, decision: str) -> HopTrace:
     """One round of an adaptive trace as the harness logs it."""
-    return {
-        "hop": number, "queries": ["How long does a torch burn?"], "documents": [],
-        "new_documents": 0, "duplicate_documents": 0, "usage": [], "depth": depth,
-        "chunks": 5 * depth, "confidence": confidence, "threshold": 0.9,
-        "query_type": "factual", "adaptive_decision": decision,
-    }  # fmt: skip
+    return HopTrace(
+        hop=number, queries=["How long does a torch burn?"], depth=depth, chunks=5 * depth,
+        confidence=confidence, threshold=0.9, query_type="factual", adaptive_decision=decision,
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -207,7 +232,7 @@ def lone_adaptive_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     uri = f"sqlite:///{tmp / 'mlruns.db'}"
     experiment = use_experiment(uri, "caprag")
     ids = {}
-    base = {"caprag.dataset": "cross_book", "caprag.llm": "offline", "caprag.schema": "1"}
+    base = {"caprag.dataset": "cross_book", "caprag.llm": "offline", "caprag.schema": SCHEMA}
     rounds = {
         "t-1": [adaptive_hop(1, 1, 0.95, "sufficient")],
         "t-2": [adaptive_hop(1, 1, 0.6, "increase_depth"), adaptive_hop(2, 2, 0.93, "sufficient")],
@@ -218,7 +243,7 @@ def lone_adaptive_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
         rows = [
             QuestionRow(
                 case_id=qid, question_id=qid, set="cross_book", query_type="factual", turn=1,
-                question=f"Question {qid}?", gold_answer="", trace=rounds[qid],
+                question=f"Question {qid}?", gold_answer="", hops=rounds[qid],
                 values={"prompt_tokens": 100.0, "tokens": 120.0, "cost_usd": 1e-4,
                         "recall_at_k": 1.0},
             ).record()

@@ -3,13 +3,14 @@ which runs are adaptive and always deep, the savings, the decision log, the deep
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pandas as pd
 import pytest
 
+from caprag.trace import HopTrace
 from experiments.dashboard import data
+from experiments.results.row import QuestionRow
 from experiments.scoring.oracle import ORACLE, oracle_routing
 from experiments.scoring.significance import PairingError
 
@@ -115,11 +116,11 @@ def test_savings_explain_what_cannot_be_computed() -> None:
         data.savings_vs_deep(free.drop(columns="question_id"), free)
 
 
-def hop(number: int, depth: int | None, confidence: float, decision: str) -> dict[str, Any]:
-    return {
-        "hop": number, "depth": depth, "chunks": 5 * number, "confidence": confidence,
-        "threshold": 0.9, "adaptive_decision": decision, "queries": ["q"],
-    }  # fmt: skip
+def hop(number: int, depth: int | None, confidence: float, decision: str) -> HopTrace:
+    return HopTrace(
+        hop=number, depth=depth, chunks=5 * number, confidence=confidence, threshold=0.9,
+        adaptive_decision=decision, queries=["q"],
+    )  # fmt: skip
 
 
 def test_decision_log_lists_each_adaptive_round() -> None:
@@ -132,14 +133,15 @@ def test_decision_log_lists_each_adaptive_round() -> None:
     ]  # fmt: skip
     shown = data.decision_table(log)
     assert list(shown["round"]) == [1, 2] and list(shown["confidence"]) == ["70%", "92%"]
-    assert data.decision_log([{"hop": 1, "queries": ["a multi-hop hop"]}]).empty
+    assert data.decision_log([HopTrace(hop=1, queries=["a multi-hop hop"])]).empty
 
 
 def test_deeper_questions_are_those_past_their_first_depth_with_their_rounds() -> None:
-    def question(qid: str, hops: list[dict[str, Any]] | None) -> dict[str, Any]:
-        trace = json.dumps(hops) if hops is not None else ""
-        return {"question_id": qid, "set": "s", "question": f"{qid}?", "trace": trace,
-                "recall_at_k": 1.0}  # fmt: skip
+    def question(qid: str, hops: list[HopTrace] | None) -> dict[str, Any]:
+        return QuestionRow(
+            case_id=qid, question_id=qid, set="s", query_type="factual", turn=1,
+            question=f"{qid}?", gold_answer="", hops=hops or [], values={"recall_at_k": 1.0},
+        ).record()  # fmt: skip
 
     table = pd.DataFrame(
         [
@@ -179,8 +181,9 @@ def test_oracle_summary_puts_the_router_last_with_what_it_saves() -> None:
     assert list(summary["recall"]) == [0.75, 1.0, 1.0]
     assert summary["saves"].tolist()[:2] == [pytest.approx(-1.5), pytest.approx(0.375)]
     assert pd.isna(summary["saves"].iloc[-1])
-    assert data.oracle_cell(1234.4, "tokens") == "1,234 tokens"
-    assert data.oracle_cell(0.00012, "cost_usd") == "0.000120 USD"
+    assert data.oracle_cell(1234.4, "tokens", total=True) == "1,234 tokens"
+    assert data.oracle_cell(0.00012, "cost_usd", total=True) == "0.000120 USD"
+    assert data.oracle_cell(0.00012, "cost_usd") == "$0.120"  # per question: per 1,000 questions
     assert data.oracle_cell(None, "") == "—"
     shown = data.oracle_display(summary, "tokens")
     assert list(shown["saves"]) == ["150.0% more tokens", "37.5% fewer tokens", "—"]

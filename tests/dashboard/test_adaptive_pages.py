@@ -155,7 +155,7 @@ def test_compare_page_shows_the_oracle_router_over_the_selected_runs(
     assert shown["saves"].iloc[-1] == "—"
     assert "oracle_chart" in {e.key for e in at.get("plotly_chart")}
     router = next(m.value for m in at.markdown if m.value.startswith("**Perfect router:**"))
-    assert data.oracle_cell(expected["total"].iloc[-1], "tokens") in router
+    assert data.oracle_cell(expected["total"].iloc[-1], "tokens", total=True) in router
     at.radio(key="oracle_cost").set_value("cost_usd").run()
     usd = frame_with(at, "routed")
     in_usd = oracle_routing(tables, cost="cost_usd").totals()[-1].total_cost

@@ -10,6 +10,7 @@ from streamlit.testing.v1 import AppTest
 from caprag.config import PROJECT_ROOT
 from caprag.steps import ROLES
 from experiments.harness.run import run
+from experiments.results.row import QuestionRow
 from experiments.results.tracking import mlflow
 from tests.conftest import FIXTURE_BOOKS
 from tests.dashboard.conftest import REPLY, SYSTEM_PROMPT, USER_PROMPT, Store
@@ -83,7 +84,7 @@ def test_compare_page_shows_metrics_plots_and_diff(harness_store: Store, monkeyp
     recall = mlflow.get_run(hop).data.metrics["recall_at_k"]
     hop_column = next(c for c in metrics.columns if hop[:8] in c)
     assert metrics.loc["gold-passage recall@k", hop_column].startswith(f"{recall:.3f} (")
-    assert metrics.loc["hops (mean)", hop_column] != "—"
+    assert metrics.loc["hops", hop_column] != "—"
     charts = {e.key for e in at.get("plotly_chart")}
     assert {"scatter", "recall_curve", "hop_hist"} <= charts
     assert [h.value for h in at.header] == [
@@ -129,8 +130,8 @@ def test_trace_viewer_shows_a_questions_failure_tags(harness_store: Store, monke
 
     seen: list[str] = []
 
-    def tags(row: dict[str, object]) -> list[str]:
-        seen.append(str(row["question_id"]))
+    def tags(row: QuestionRow) -> list[str]:
+        seen.append(row.question_id)
         return ["analyzer stopped early", "timeout"]
 
     monkeypatch.setattr(trace_view, "failure_tags", tags)
@@ -186,6 +187,30 @@ def test_trace_viewer_shows_the_llm_calls_on_demand(calls_store: Store, monkeypa
     assert [m.value for m in inner.markdown] == ["**system**", "**user**", "**reply**"]
     assert len(at.expander) == 2  # the rule call has nothing to open
     assert at.subheader[0].value == "Hop 1" and "Flurry" in set(at.table[0].value["section"])
+
+
+def test_a_run_logged_before_whole_rows_opens_in_the_trace_viewer(
+    legacy_store: Store, monkeypatch
+) -> None:
+    run_id = legacy_store.runs["legacy"]
+    at = open_page(PAGES[2], legacy_store.uri, monkeypatch, selected_runs=[run_id])
+    assert not at.warning, [w.value for w in at.warning]  # schema 1: read through the adapter
+    assert at.selectbox(key="trace_question").index == 0  # cb-a-001, multi-hop with a model
+    shown = texts(at)
+    assert [h.value for h in at.subheader[:3]] == ["Hop 1", "Hop 2", "Hop 3"]
+    assert "**Steps:** analyze by rule · generate by stub-model" in shown
+    first = at.table[0].value.set_index("passage")
+    assert first.loc["talents/trained-by-a-veteran", ["section", "gold"]].tolist() == [
+        "Trained by a Veteran",
+        "★ gold",
+    ]
+    assert "Steel and Sinew" in shown  # a passage's text, kept in the table's trace
+    follow_up = select_question(at, "fu-001-2")
+    assert "**Steps:** rewrite by stub-model · analyze by rule" in texts(follow_up)
+    adaptive = at.selectbox(key="trace_question").select_index(3).run()  # adaptive's cb-a-001
+    assert "**Adaptive:** depth 1/3" in texts(adaptive)
+    failed = select_question(at, "sb-core-001")
+    assert "This question failed: timed out after 0.001s" in texts(failed)
 
 
 def test_ask_page_chooses_rule_or_model_per_step(
@@ -270,7 +295,7 @@ def test_older_schema_run_is_flagged_not_crashed(odd_store: Store, monkeypatch) 
     at = open_page(PAGES[2], odd_store.uri, monkeypatch, selected_runs=[run_id])
     warnings = " ".join(w.value for w in at.warning)
     assert f"Run {run_id} has no `caprag.schema` tag" in warnings
-    assert "lacks trace, gold_ids" in warnings
+    assert "lacks gold_hops" in warnings
     assert "Old question one?" in texts(at) and "No hop trace was recorded" in texts(at)
     assert "LLM calls: not recorded" in texts(at)  # no `calls` column in an older table
     at = open_page(PAGES[0], odd_store.uri, monkeypatch)

@@ -165,17 +165,17 @@ def test_oracle_router_beside_each_strategy(
 ) -> None:
     page = open_page(browser, f"{app}/compare", "Perfect router:")
     router = page.locator("p").filter(has_text="Perfect router:").first
-    assert re.search(r"[\d,]+ tokens at recall@k \d\.\d{3}", router.inner_text())
+    assert re.search(r"[\d,]+ tokens at gold-passage recall@k \d\.\d{3}", router.inner_text())
     table = page.locator("[data-testid='stDataFrame']").filter(has_text="oracle").first
     table.scroll_into_view_if_needed()
     assert table.is_visible()
     chart = page.locator(".js-plotly-plot").last
     assert chart.get_by_text("total tokens").first.is_visible()
     page.locator("[data-testid='stRadio']").filter(has_text="Cost counted").get_by_text(
-        "USD"
+        "cost", exact=True
     ).click()
     settle(page)
-    page.get_by_text(re.compile(r"Perfect router:.*USD at recall@k")).wait_for(
+    page.get_by_text(re.compile(r"Perfect router:.*USD at gold-passage recall@k")).wait_for(
         timeout=TEXT_TIMEOUT_MS
     )
     page.locator("[data-testid='stRadio']").filter(has_text="Cost counted").get_by_text(

@@ -8,7 +8,9 @@ import json
 import pandas as pd
 import pytest
 
+from caprag.schemas import CallUsage
 from experiments.dashboard import data
+from experiments.results.row import QuestionRow
 
 
 def raw_runs() -> pd.DataFrame:
@@ -44,7 +46,10 @@ def test_runs_frame_drops_sweep_parents_and_fills_missing_tags() -> None:
     assert old["dataset"] == "?" and old["name"] == "old"
     assert runs.set_index("run_id").loc["a", "sweep"] == "sweep compare"
     assert data.schema_warning(old) is not None
-    assert data.schema_warning(runs.iloc[0]) is None
+    assert data.schema_warning(runs.iloc[0]) is None  # schema 1: read through the legacy adapter
+    assert data.schema_warning(runs.iloc[0].copy().replace({"1": "2"})) is None
+    newer = data.schema_warning(pd.Series({"run_id": "n", "schema": "3"}))
+    assert newer == "Run n uses schema 3; this dashboard reads 2."
     assert data.default_comparison(runs) == ["b", "a"]
 
 
@@ -103,40 +108,42 @@ def test_recall_curve_has_a_point_per_logged_hop() -> None:
     assert a.sort_values("hop")["recall"].tolist() == [0.5, 0.9]
 
 
-def test_trace_from_row_decodes_json_and_tolerates_missing_columns() -> None:
+def test_a_legacy_record_opens_as_a_row_and_tolerates_missing_columns() -> None:
     doc = {"passage_id": "b/x", "book_id": "b", "page": 3, "score": 0.5, "section": "X"}
     hop = {"hop": 1, "queries": ["q"], "documents": [{**doc, "new": False, "gold": True}]}
-    row = pd.Series({"question": "Q?", "trace": json.dumps([hop]), "context_ids": '["b/x"]'})
-    view = data.trace_from_row(row)
-    assert view.hops[0]["queries"] == ["q"] and view.context_ids == ["b/x"]
-    assert view.gold_ids == [] and view.sections == {"b/x": "X"}
-    docs = data.hop_documents(view.hops[0], view.sections)
+    record = {"question": "Q?", "trace": json.dumps([hop]), "context_ids": '["b/x"]'}
+    row = QuestionRow.from_legacy_record({**record, "gold_ids": '["b/x"]'})
+    assert row.hops[0].queries == ["q"] and row.context_ids == ["b/x"]
+    assert row.gold_ids == ["b/x"] and row.passage("b/x").section == "X"
+    docs = data.hop_documents(row.hops[0], row)
     assert docs.iloc[0].to_dict() == {
         "passage": "b/x", "book": "b", "page": 3, "section": "X", "score": 0.5,
         "seen": "duplicate", "gold": "★ gold",
     }  # fmt: skip
+    assert not QuestionRow.from_legacy_record(record).is_gold("b/x")  # no gold_ids: none known
 
 
-def test_trace_from_row_reads_calls_and_tells_an_older_table_apart() -> None:
+def test_a_legacy_record_reads_calls_and_tells_an_older_table_apart() -> None:
     call = {"step": "generate", "model": "offline", "prompt_tokens": 3, "completion_tokens": 1}
-    assert data.trace_from_row(pd.Series({"calls": json.dumps([call])})).calls == [call]
-    assert data.trace_from_row(pd.Series({"calls": "[]"})).calls == []
-    assert data.trace_from_row(pd.Series({"question": "Q?"})).calls is None  # no such column
-    assert data.trace_from_row(pd.Series({"calls": float("nan")})).calls is None
-    assert data.trace_from_row(pd.Series({"calls": "not json"})).calls is None
+    legacy = QuestionRow.from_legacy_record
+    assert legacy({"calls": json.dumps([call])}).calls == [CallUsage(**call)]
+    assert legacy({"calls": "[]"}).calls == []
+    assert legacy({"question": "Q?"}).calls is None  # no such column
+    assert legacy({"calls": float("nan")}).calls is None
+    assert legacy({"calls": "not json"}).calls is None
 
 
 def test_call_line_says_rule_or_model_with_everything_in_one_line() -> None:
-    rule = {"step": "expand", "model": "offline", "prompt_tokens": 10, "completion_tokens": 2}
+    rule = CallUsage(step="expand", model="offline", prompt_tokens=10, completion_tokens=2)
     assert data.call_line(1, rule) == (
         "1. **expand** · rule: no call sent · 10 + 2 tokens if sent · \\$0.000000 estimated"
     )
-    model = {
-        "step": "analyze", "model": "gpt-4o-mini", "prompt_tokens": 400, "completion_tokens": 30,
-        "cost_usd": 0.000078, "attempts": 3, "cached": True, "messages": [],
-        "error": "unparseable reply: no *Decision* in\nthe $reply",
-        "notes": ["dropped query_2", "cut to 8 queries"],
-    }  # fmt: skip
+    model = CallUsage(
+        step="analyze", model="gpt-4o-mini", prompt_tokens=400, completion_tokens=30,
+        cost_usd=0.000078, attempts=3, cached=True, messages=[],
+        error="unparseable reply: no *Decision* in\nthe $reply",
+        notes=["dropped query_2", "cut to 8 queries"],
+    )  # fmt: skip
     line = data.call_line(2, model)
     assert line == (
         "2. **analyze** · model `gpt-4o-mini` · 400 + 30 tokens · \\$0.000078 · 3 attempts · "
@@ -144,16 +151,16 @@ def test_call_line_says_rule_or_model_with_everything_in_one_line() -> None:
         "the \\$reply · **notes:** dropped query\\_2; cut to 8 queries"
     )
     assert "\n" not in line
-    unrecorded = data.call_line(3, {"step": "rewrite", "model": "m", "messages": None})
+    unrecorded = data.call_line(3, CallUsage(step="rewrite", model="m", messages=None))
     assert unrecorded.endswith("1 attempt · messages not recorded")
 
 
 def test_steps_ran_names_rule_or_model_in_order() -> None:
     calls = [
-        {"step": "rewrite", "model": "gpt-4o"},
-        {"step": "analyze", "model": "offline"},
-        {"step": "analyze", "model": "offline"},
-        {"step": "generate", "model": "gpt-4o-mini"},
+        CallUsage(step="rewrite", model="gpt-4o"),
+        CallUsage(step="analyze", model="offline"),
+        CallUsage(step="analyze", model="offline"),
+        CallUsage(step="generate", model="gpt-4o-mini"),
     ]
     assert data.steps_ran(calls) == {
         "rewrite": "gpt-4o",
@@ -166,5 +173,5 @@ def test_steps_ran_names_rule_or_model_in_order() -> None:
 def test_metric_table_shows_cost_in_dollars_per_thousand_questions() -> None:
     runs = pd.DataFrame([{"label": "a", "questions": 4, "recall_at_k": 0.5, "cost_usd": 0.000267}])
     table = data.metric_table(runs)
-    assert table.loc[data.COST_PER_1K].tolist() == ["$0.267"]
-    assert "cost USD / question" not in table.index
+    assert table.loc["cost (USD per 1,000 questions)"].tolist() == ["$0.267"]
+    assert list(table.index) == ["gold-passage recall@k", "cost (USD per 1,000 questions)"]

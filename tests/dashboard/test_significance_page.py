@@ -17,7 +17,7 @@ from tests.dashboard.test_app import open_page, texts
 from tests.unit.test_significance import TAGS, synthetic_pair
 
 REGRESSIONS = "views/regressions.py"
-CI = re.compile(r"^\[-?\d+\.\d+, -?\d+\.\d+\]$")
+CI = re.compile(r"^\[-?\$?\d+\.\d+, -?\$?\d+\.\d+\]$")  # cost: "[-$0.012, $0.030]"
 
 
 def significance_table(at: AppTest) -> pd.DataFrame:
@@ -56,7 +56,7 @@ def test_significance_of_two_harness_runs_matches_the_logged_tables(
     )
     expected = table_rows(compare_runs(a, b))
     assert list(shown.index) == [row[0] for row in expected]
-    assert {"recall_at_k", "f1", "tokens", "hops"} <= set(shown.index)
+    assert {"gold-passage recall@k", "token F1", "tokens", "hops"} <= set(shown.index)
     assert shown.reset_index().astype(str).values.tolist() == [
         row[: len(shown.columns) + 1] for row in expected
     ]
@@ -100,12 +100,12 @@ def test_significance_highlights_a_clear_gain_and_not_a_copy(
     at.selectbox(key="diff_a").set_value(runs["baseline"]).run()
     at.selectbox(key="diff_b").set_value(runs["better"]).run()
     table = significance_table(at)
-    assert list(table.index) == ["recall_at_k", "f1", "tokens"]
-    assert table.loc["f1", "p"] == "<0.001" and table.loc["f1", "n"] == "60"
-    low, high = (float(x) for x in table.loc["f1", "95% CI"].strip("[]").split(", "))
+    assert list(table.index) == ["gold-passage recall@k", "token F1", "tokens"]
+    assert table.loc["token F1", "p"] == "<0.001" and table.loc["token F1", "n"] == "60"
+    low, high = (float(x) for x in table.loc["token F1", "95% CI"].strip("[]").split(", "))
     assert 0.0 < low < 0.1 < high
-    assert highlighted(at) == {"recall_at_k": "B", "f1": "B", "tokens": "A"}  # A: fewer tokens
-    assert "B better on recall_at_k, f1; A better on tokens" in texts(at)
+    assert highlighted(at) == {"gold-passage recall@k": "B", "token F1": "B", "tokens": "A"}
+    assert "B better on gold-passage recall@k, token F1; A better on tokens" in texts(at)
 
     at.selectbox(key="diff_b").set_value(runs["copy"]).run()
     table = significance_table(at)

@@ -10,9 +10,11 @@ import pandas as pd
 import pytest
 from playwright.sync_api import Browser
 
+from caprag.schemas import RetrievedRef
+from caprag.trace import HopTrace
 from experiments.dashboard.store import trace_url
 from experiments.results import traces
-from experiments.results.row import QuestionRow
+from experiments.results.row import SCHEMA, PassageInfo, QuestionRow
 from experiments.results.tracking import TABLE, mlflow, use_experiment
 from tests.dashboard.conftest import (
     REPLY,
@@ -29,12 +31,13 @@ FLURRY = "Flurry: two attacks in one turn, the second at -4 ($5 *or* `x`).\n\n  
 OLD_SOLDIER = "Old Soldier halves the penalty of a Flurry's second attack."
 
 
-def document(pid: str, text: str | None, new: bool = True) -> dict[str, object]:
-    found: dict[str, object] = {
-        "passage_id": pid, "book_id": pid.split("/")[0], "page": 41, "score": 0.8, "new": new,
-        "gold": True, "section": pid.split("/")[1].replace("-", " ").title(),
-    }  # fmt: skip
-    return found if text is None else {**found, "text": text}
+def document(pid: str, new: bool = True) -> RetrievedRef:
+    return RetrievedRef(passage_id=pid, book_id=pid.split("/")[0], page=41, score=0.8, new=new)
+
+
+def passage(pid: str, text: str) -> PassageInfo:
+    section = pid.split("/")[1].replace("-", " ").title()
+    return PassageInfo(book_id=pid.split("/")[0], page=41, section=section, text=text)
 
 
 @pytest.fixture(scope="module")
@@ -44,16 +47,15 @@ def content_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     uri = f"sqlite:///{tmp / 'mlruns.db'}"
     experiment = use_experiment(uri, "caprag")
     tags = {"caprag.strategy": "multi-hop", "caprag.dataset": "cross_book", "caprag.llm": "openai"}
-    tags |= {"caprag.schema": "1"}  # what the harness logs today: no old-schema warning
+    tags |= {"caprag.schema": SCHEMA}  # what the harness logs today: no old-schema warning
     calls = [model_call(), rule_call()]
-    usage = calls[0].model_dump(mode="json", exclude={"messages", "reply"})
+    usage = calls[0].model_copy(update={"messages": None, "reply": None})
     hops = [
-        {"hop": 1, "queries": ["Flurry second attack"], "usage": [usage], "new_documents": 1,
-         "documents": [document("fighting/flurry", FLURRY)]},
-        {"hop": 2, "queries": ["Old Soldier"], "usage": [], "new_documents": 1,
-         "duplicate_documents": 1,
-         "documents": [document("fighting/flurry", None, new=False),
-                       document("gifts/old-soldier", OLD_SOLDIER)]},
+        HopTrace(hop=1, queries=["Flurry second attack"], usage=[usage], new_documents=1,
+                 documents=[document("fighting/flurry")]),
+        HopTrace(hop=2, queries=["Old Soldier"], new_documents=1, duplicate_documents=1,
+                 documents=[document("fighting/flurry", new=False),
+                            document("gifts/old-soldier")]),
     ]  # fmt: skip
     row = QuestionRow(
         case_id="t-cb-1",
@@ -67,8 +69,12 @@ def content_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
         context_ids=["fighting/flurry", "gifts/old-soldier"],
         gold_ids=["fighting/flurry", "gifts/old-soldier"],
         values={"recall_at_k": 1.0},
-        trace=hops,
-        calls=[call.model_dump(mode="json") for call in calls],
+        hops=hops,
+        passages={
+            "fighting/flurry": passage("fighting/flurry", FLURRY),
+            "gifts/old-soldier": passage("gifts/old-soldier", OLD_SOLDIER),
+        },
+        calls=calls,
         started_ns=time.time_ns(),
         timings={"total": 1.5},
     )
@@ -90,8 +96,8 @@ def test_trace_viewer_opens_passage_texts_and_llm_messages(
         assert not text.is_visible()  # collapsed until clicked
         passage.locator("summary").click()
         text.wait_for(timeout=TEXT_TIMEOUT_MS)
-        # Hop 2 returned the Flurry passage again: its text (kept once, in hop 1) is shown too,
-        # whitespace as written.
+        # Hop 2 returned the Flurry passage again: its text (kept once, in the row) is shown
+        # there too, whitespace as written.
         again = page.locator("details.passage", has_text="fighting/flurry").nth(1)
         again.locator("summary").click()
         shown = again.locator("div").first.inner_text(timeout=TEXT_TIMEOUT_MS)

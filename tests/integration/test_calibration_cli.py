@@ -8,14 +8,16 @@ import pytest
 import yaml
 
 from caprag.steps.assess import Calibration
-from experiments.scoring import calibration
+from experiments.cli import calibration
+from experiments.scoring import calibration as scoring
 from tests.integration.test_harness import fixture_overrides
 
 
 def test_fit_writes_a_calibration_and_check_says_where_it_was_fitted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(calibration, "CALIBRATIONS", tmp_path / "calibration")
+    for module in (calibration, scoring):  # the CLI writes there, scoring.load reads there
+        monkeypatch.setattr(module, "CALIBRATIONS", tmp_path / "calibration")
     overrides = [*fixture_overrides(tmp_path), "strategy.depth_chunks=[2,4,8]"]
     assert calibration.main(["fit", "fixture", "dataset=all", *overrides]) == 0
     saved = yaml.safe_load((tmp_path / "calibration" / "fixture.yaml").read_text())

@@ -51,7 +51,11 @@ def answered(tmp: Path, concurrency: int) -> tuple[list[Any], list[str], int]:
             cfg = compose("config", overrides=overrides)
         result = run(cfg)
         bodies = sorted(json.dumps(body, sort_keys=True) for body in stub.bodies)
-        return [untimed(row.to_json()) for row in result.rows], bodies, stub.max_in_flight
+        return (
+            [untimed(row.model_dump(mode="json")) for row in result.rows],
+            bodies,
+            stub.max_in_flight,
+        )
 
 
 def test_rows_and_requests_are_the_same_at_1_16_and_64_in_flight(

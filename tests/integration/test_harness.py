@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -13,13 +12,14 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from caprag.config import PROJECT_ROOT, ROLE_NAMES
+from caprag.config import ENV_NAMES, PROJECT_ROOT
 from caprag.errors import ConfigError
 from caprag.steps import ROLES, Steps
 from caprag.strategies import RetrievalStrategy
 from experiments.harness.build import steps_from_config
 from experiments.harness.data import Dataset
 from experiments.harness.run import run
+from experiments.results.row import rows_of
 from tests.conftest import FIXTURE_BOOKS
 
 CONF = PROJECT_ROOT / "conf"
@@ -95,7 +95,9 @@ def test_steps_mix_per_step_from_hydra(tmp_path: Path, monkeypatch: pytest.Monke
         steps_from_config(make_cfg(tmp_path, "generator=llm"))
     with pytest.raises(ConfigError, match="analyzer='neural': use one of auto, rule, llm"):
         steps_from_config(make_cfg(tmp_path, "llm=openai", "analyzer=neural"))
-    assert set(ROLES) == set(ROLE_NAMES)  # the API's CAPRAG_<ROLE> names are the same
+    # One list of roles: a config key each (all auto) and the API's CAPRAG_<ROLE> variables.
+    assert {role: make_cfg(tmp_path)[role] for role in ROLES} == dict.fromkeys(ROLES, "auto")
+    assert {role: ENV_NAMES[role] for role in ROLES} == {r: f"CAPRAG_{r.upper()}" for r in ROLES}
 
 
 @pytest.mark.parametrize("preset", members("experiment"))
@@ -131,8 +133,11 @@ def test_run_end_to_end_is_logged_and_read_back(tmp_path: Path) -> None:
     assert logged.data.metrics["correct_refusal.coverage"] == pytest.approx(1 / 9)
     table = mlflow.load_table("questions.json", run_ids=[result.run_id])
     assert sorted(table["question_id"]) == sorted(r.question_id for r in result.rows)
-    trace_rows = json.loads(table.set_index("question_id").loc["t-cb-1", "trace"])
-    assert trace_rows[0]["documents"][0]["passage_id"]
+    # Each question's row is in the table whole, beside its scalars: it reads back as it was.
+    assert rows_of(table) == result.rows
+    assert table.set_index("question_id").loc["t-cb-1", "recall_at_k"] == next(
+        r.values["recall_at_k"] for r in result.rows if r.question_id == "t-cb-1"
+    )
     traces = mlflow.search_traces(run_id=result.run_id, return_type="list")
     assert len(traces) == 9
     spans = {s.name for t in traces for s in t.data.spans}

@@ -130,14 +130,14 @@ def test_a_harness_run_keeps_every_call_as_sent_in_table_and_trace(
     sent = [
         [{"role": m["role"], "content": m["content"]} for m in b["messages"]] for b in stub.bodies
     ]
-    calls = [call for row in result.rows for call in row.calls]
+    calls = [call for row in result.rows for call in row.calls or []]
     assert len(calls) == len(sent) > 0
-    assert sorted(map(str, (c["messages"] for c in calls))) == sorted(map(str, sent))
-    assert all(c["reply"] is not None and c["counted"] == "reported" for c in calls)
+    assert sorted(map(str, (c.messages for c in calls))) == sorted(map(str, sent))
+    assert all(c.reply is not None and c.counted == "reported" for c in calls)
     traces = mlflow.search_traces(run_id=result.run_id, return_type="list")
     spans = [s for t in traces for s in t.data.spans if s.name.startswith("llm ")]
     assert sorted(map(str, (s.inputs["messages"] for s in spans))) == sorted(map(str, sent))
     assert {s.name for s in spans} == {"llm analyze", "llm generate"}
     # each reply is the span's output as an OpenAI chat completion (what the MLflow UI renders)
     replies = [s.outputs["choices"][0]["message"]["content"] for s in spans]
-    assert sorted(replies) == sorted(c["reply"] for c in calls) and all(replies)
+    assert sorted(replies) == sorted(c.reply or "" for c in calls) and all(replies)

@@ -18,6 +18,7 @@ from caprag.config import PROJECT_ROOT
 from experiments.harness.journal import Journal, config_hash
 from experiments.harness.run import run
 from experiments.perf.openai_stub import StubServer
+from experiments.results.row import QuestionRow, rows_of
 from tests.conftest import FIXTURE_BOOKS
 from tests.integration.test_harness import FIXTURE_QUESTIONS, make_cfg
 
@@ -153,7 +154,10 @@ def test_config_hash_ignores_only_what_does_not_change_rows() -> None:
 def test_journal_skips_a_torn_line_and_appends_after_it(tmp_path: Path) -> None:
     from experiments.results.row import QuestionRow
 
-    row = QuestionRow("c1", "q1", "single_book", "factual", 1, "Q?", "A")
+    row = QuestionRow(
+        case_id="c1", question_id="q1", set="single_book", query_type="factual", turn=1,
+        question="Q?", gold_answer="A",
+    )  # fmt: skip
     journal = Journal(tmp_path, "run").open()
     journal.append("0:c1", [row])
     journal.close()
@@ -232,10 +236,10 @@ def test_kill_9_then_resume_runs_every_question_exactly_once(tmp_path: Path) -> 
     ids = list(table["question_id"])
     assert len(ids) == len(set(ids)) == 9 == finished.data.metrics["questions"]
     # Journaled questions were not asked again: their rows are the killed process's rows.
+    logged = {row.question_id: row for row in rows_of(table)}
     for entry in done_before:
         for row in entry["rows"]:
-            logged = table[table["question_id"] == row["question_id"]].iloc[0]
-            assert json.loads(logged["timings"]) == row["timings"]
+            assert logged[row["question_id"]] == QuestionRow.model_validate(row)
     assert not journal.exists(), "a complete run leaves no journal"
 
 

@@ -115,8 +115,11 @@ def test_only_cases_whose_turns_all_succeeded_are_stored(tmp_path: Path) -> None
     )
     case = EvalCase(id="c1", set="s", turns=(turn,))
     cache = RowCache(tmp_path / "cache.sqlite", "fp")
-    row = QuestionRow("c1", "q1", "s", "factual", 1, "What?", "a", values={"llm_calls": 2.0})
-    failed = QuestionRow("c1", "q1", "s", "factual", 1, "What?", "a", status="failed", error="x")
+    row = QuestionRow(
+        case_id="c1", question_id="q1", set="s", query_type="factual", turn=1, question="What?",
+        gold_answer="a", values={"llm_calls": 2.0},
+    )  # fmt: skip
+    failed = row.model_copy(update={"status": "failed", "error": "x"})
     assert not cache.put(0, case, [failed])
     assert cache.get(0, case) is None
     assert cache.put(0, case, [row])
@@ -139,7 +142,7 @@ def test_rerun_against_a_model_sends_nothing(
         assert stub.requests == 0 and again.summary["reused_cases"] == 3
         assert again.mean("cost_usd_spent") == 0.0
         assert again.mean("tokens") == first.mean("tokens")
-        assert all(call["cached"] for r in again.rows for call in r.calls)
+        assert all(call.cached for r in again.rows for call in r.calls or [])
 
 
 def test_reused_rows_are_traced_in_the_new_run(

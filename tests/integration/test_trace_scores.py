@@ -10,6 +10,7 @@ import mlflow
 import pytest
 from mlflow.entities import Expectation, Feedback
 
+from caprag.schemas import CallUsage
 from experiments.harness.run import run
 from experiments.results import traces
 from experiments.results.row import QuestionRow
@@ -76,8 +77,16 @@ def failed_row(number: int) -> QuestionRow:
         started_ns=time.time_ns(),
         timings={"total": 0.25},
     )
-    call = {"step": "generate", "model": "m", "latency_s": 0.1, "error": "no JSON"}
-    row.calls = [{**call, "messages": [{"role": "user", "content": "go"}], "reply": "{not json"}]
+    row.calls = [
+        CallUsage(
+            step="generate",
+            model="m",
+            latency_s=0.1,
+            error="no JSON",
+            messages=[{"role": "user", "content": "go"}],
+            reply="{not json",
+        )
+    ]
     return row
 
 

@@ -55,7 +55,7 @@ def make_row(number: int, started_ns: int) -> QuestionRow:
         context_ids=["core/p1"],
         started_ns=started_ns,
         timings={"rewrite": 0.001, "retrieve": 0.01, "generate": 0.002, "total": 0.02},
-        trace=[
+        hops=[
             {"hop": 1, "queries": ["q"], "documents": [], "usage": [call], "latency_s": 0.004},
             {"hop": 2, "queries": ["r"], "documents": [], "usage": [], "latency_s": 0.003},
         ],
@@ -97,10 +97,10 @@ def test_a_run_s_traces_carry_each_question_s_real_times(tmp_path: Path) -> None
             <= by_name["generate"].start_time_ns
         )
         for call, span in zip(
-            row.calls, [s for s in trace.data.spans if s.name.startswith("llm ")], strict=True
+            row.calls or [], [s for s in trace.data.spans if s.name.startswith("llm ")], strict=True
         ):
-            assert span.name == f"llm {call['step']}"
-            assert span.start_time_ns == pytest.approx(call["started_at"] * 1e9, abs=MS)
+            assert span.name == f"llm {call.step}"
+            assert span.start_time_ns == pytest.approx((call.started_at or 0) * 1e9, abs=MS)
         starts.append((row.started_ns, root.end_time_ns))
     starts.sort()
     # One question at a time: each trace starts after the one before it ended.

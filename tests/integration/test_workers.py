@@ -71,7 +71,11 @@ def answered(
         )
         result = run(cfg)
         bodies = sorted(json.dumps(body, sort_keys=True) for body in stub.bodies)
-        return [untimed(row.to_json()) for row in result.rows], bodies, stub.max_in_flight
+        return (
+            [untimed(row.model_dump(mode="json")) for row in result.rows],
+            bodies,
+            stub.max_in_flight,
+        )
 
 
 def test_two_workers_give_the_rows_and_requests_of_one_process_at_16_and_64_in_flight(
@@ -183,8 +187,8 @@ def test_a_killed_worker_stops_the_run_and_resume_asks_only_the_rest(
         stub.reset()
         resumed = run(cfg)
     assert resumed.resumed == sum(len(rows) for rows in journaled.values())
-    assert [untimed(r.to_json()) for r in resumed.rows] == [
-        untimed(r.to_json()) for r in reference.rows
+    assert [untimed(r.model_dump(mode="json")) for r in resumed.rows] == [
+        untimed(r.model_dump(mode="json")) for r in reference.rows
     ]
     # Only the questions the journal did not have were asked again, each once.
     done_ids = {row.question_id for rows in journaled.values() for row in rows}

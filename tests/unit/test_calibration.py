@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import json
+from typing import Any
 
 import pandas as pd
 import pytest
 
+from caprag.trace import HopTrace
+from experiments.results.row import QuestionRow, table_of
 from experiments.scoring.calibration import (
     adaptive_summary,
     expected_calibration_error,
@@ -32,21 +34,30 @@ def test_empty_input() -> None:
 
 
 def rows(
-    tokens: list[float], recall: list[float], context: list[float], **extra: object
+    tokens: list[float], recall: list[float], context: list[float], **extra: Any
 ) -> pd.DataFrame:
-    n = len(tokens)
-    trace = [json.dumps([{"adaptive_decision": d}]) for d in extra.pop("decisions", ["—"] * n)]
-    return pd.DataFrame(
-        {
-            "question_id": [f"q{i}" for i in range(n)],
-            "status": ["ok"] * n,
-            "prompt_tokens": tokens,
-            "recall_at_k": recall,
-            "context_recall": context,
-            "trace": trace,
-            **extra,
+    """A run's table of adaptive questions, each stopping on its decision (one round)."""
+    decisions = extra.pop("decisions", [None] * len(tokens))
+
+    def row(i: int) -> QuestionRow:
+        values = {
+            "prompt_tokens": tokens[i],
+            "recall_at_k": recall[i],
+            "context_recall": context[i],
         }
-    )
+        values.update({name: float(column[i]) for name, column in extra.items()})
+        hop = HopTrace(hop=1, queries=["?"], depth=1, adaptive_decision=decisions[i])
+        identity = {"case_id": f"q{i}", "question_id": f"q{i}", "set": "s", "turn": 1}
+        return QuestionRow(
+            **identity,
+            query_type="factual",
+            question="?",
+            gold_answer="",
+            values=values,
+            hops=[hop],
+        )
+
+    return table_of([row(i) for i in range(len(tokens))])
 
 
 def test_adaptive_summary_judges_the_targets_question_by_question() -> None:

@@ -43,12 +43,15 @@ def test_invalid_strategy_fails_naming_allowed_values(monkeypatch: pytest.Monkey
         assert f"'{name}'" in message
 
 
-def test_every_allowed_strategy_name_is_registered() -> None:
-    from typing import get_args
-
-    from caprag.config import StrategyName
-
-    assert set(get_args(StrategyName)) == set(STRATEGIES)
+def test_the_allowed_strategies_are_the_registered_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RETRIEVAL_STRATEGY", "invalid-value")
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    allowed = str(info.value).split("Input should be ", 1)[1]
+    assert allowed == STRATEGIES.allowed()
+    for name in STRATEGIES:
+        monkeypatch.setenv("RETRIEVAL_STRATEGY", name)
+        assert load_settings().retrieval_strategy == name
 
 
 def test_offline_is_the_default_backend() -> None:

@@ -1,13 +1,15 @@
-"""Failure tags on hand-built question rows: one rule per tag, as the harness logs rows."""
+"""Failure tags on hand-built question rows: one rule per tag, as the harness keeps rows."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
 
-from experiments.results.row import QuestionRow
+from caprag.schemas import CallUsage, RetrievedRef
+from caprag.steps.analyze import SufficiencyDecision
+from caprag.trace import HopTrace
+from experiments.results.row import PassageInfo, QuestionRow, rows_of, table_of
 from experiments.scoring.failures import (
     BUDGET_STOP,
     ERROR,
@@ -23,27 +25,27 @@ from experiments.scoring.failures import (
 QUESTION = "How many swings does the multi attack maneuver make with a veteran trainer?"
 
 
-def hop(number: int, queries: list[str], found: list[str], **fields: Any) -> dict[str, Any]:
-    """One hop of a trace as `HopTrace.model_dump()` writes it."""
+def hop(number: int, queries: list[str], found: list[str], **fields: Any) -> HopTrace:
+    """One hop of a trace: the queries it searched and the passages it found."""
     documents = [
-        {"passage_id": p, "book_id": p.split("/")[0], "page": 1, "score": 1.0, "new": True}
+        RetrievedRef(passage_id=p, book_id=p.split("/")[0], page=1, score=1.0, new=True)
         for p in found
     ]
-    return {"hop": number, "queries": queries, "documents": documents, **fields}
+    return HopTrace(hop=number, queries=queries, documents=documents, **fields)
 
 
-def analyzed(sufficient: bool, queries: list[str] | None = None) -> dict[str, Any]:
-    return {"sufficient": sufficient, "reasoning": "", "new_queries": queries or []}
+def analyzed(sufficient: bool, queries: list[str] | None = None) -> SufficiencyDecision:
+    return SufficiencyDecision(sufficient=sufficient, new_queries=queries or [])
 
 
-def row(trace: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
-    """A table row (`QuestionRow.record()`: trace, calls and gold as JSON text)."""
+def row(hops: list[HopTrace], **fields: Any) -> QuestionRow:
+    """A question's row as the harness keeps it."""
     base: dict[str, Any] = {
         "case_id": "q-1", "question_id": "q-1", "set": "s", "query_type": "factual", "turn": 1,
-        "question": QUESTION, "gold_answer": "3", "gold_ids": ["a/x", "b/y"], "trace": trace,
+        "question": QUESTION, "gold_answer": "3", "gold_ids": ["a/x", "b/y"], "hops": hops,
     }  # fmt: skip
     base.update(fields)
-    return QuestionRow(**base).record()
+    return QuestionRow(**base)
 
 
 def test_a_clean_multi_hop_row_has_no_tag() -> None:
@@ -82,14 +84,18 @@ def test_query_drift_when_a_query_shares_little_with_the_question() -> None:
     # a later hop that follows what an earlier hop retrieved does not drift: the wandering
     # query's words are in hop 1's passage text
     found = hop(1, [QUESTION], ["a/x"], decision=analyzed(False, [wandering]))
-    found["documents"][0]["text"] = f"Veterans know: {wandering.capitalize()} (Arcana, p. 9)."
-    assert failure_tags(row([found, hop(2, [wandering], ["b/y"])])) == []
+    text = f"Veterans know: {wandering.capitalize()} (Arcana, p. 9)."
+    passages = {"a/x": PassageInfo(book_id="a", page=1, text=text)}
+    assert failure_tags(row([found, hop(2, [wandering], ["b/y"])], passages=passages)) == []
     # ... but the same query in the first hop, before any passage was read, does
     assert failure_tags(row([hop(1, [QUESTION, wandering], ["a/x"])])) == [QUERY_DRIFT]
-    follow = row([hop(1, ["level 3 Arcane Aptitude cost"], ["a/x", "b/y"])])
-    follow.update(question="And at level 3?", main_question="What does Arcane Aptitude cost at 3?")
+    follow = row(
+        [hop(1, ["level 3 Arcane Aptitude cost"], ["a/x", "b/y"])],
+        question="And at level 3?",
+        main_question="What does Arcane Aptitude cost at 3?",
+    )
     assert QUERY_DRIFT not in failure_tags(follow)
-    follow.update(main_question="Which weapons may a dwarf wield?")
+    follow.main_question = "Which weapons may a dwarf wield?"
     assert failure_tags(follow) == [QUERY_DRIFT]
 
 
@@ -110,23 +116,20 @@ def test_budget_stop_from_the_stop_reason(last: dict[str, Any], expected: list[s
 def test_timeout_and_error_for_a_question_that_ran_out_of_time() -> None:
     failed = row([], status="failed", error="timed out after 120s")
     assert failure_tags(failed) == [TIMEOUT, ERROR]
-    call = {"step": "generate", "model": "m", "error": "LLMTimeoutError: no reply within 30s"}
+    call = CallUsage(step="generate", model="m", error="LLMTimeoutError: no reply within 30s")
     assert failure_tags(row([], calls=[call])) == [TIMEOUT]
 
 
 def test_parse_failure_from_a_call_that_never_parsed() -> None:
-    call = {"step": "analyze", "model": "m", "attempts": 3, "error": "unparseable reply: bad JSON"}
+    call = CallUsage(step="analyze", model="m", attempts=3, error="unparseable reply: bad JSON")
     assert failure_tags(row([hop(1, [QUESTION], ["a/x", "b/y"])], calls=[call])) == [PARSE_FAILURE]
-    retried = {"step": "analyze", "model": "m", "attempts": 2, "error": None}  # parsed at last
+    retried = CallUsage(step="analyze", model="m", attempts=2)  # parsed at last
     assert failure_tags(row([hop(1, [QUESTION], ["a/x", "b/y"])], calls=[retried])) == []
     failed = row([], status="failed", error="StepFailedError: SufficiencyDecision never parsed")
     assert failure_tags(failed) == [PARSE_FAILURE, ERROR]
 
 
-def test_rows_read_back_from_a_table_or_unreadable() -> None:
-    trace = [hop(1, [QUESTION], ["a/x"], decision=analyzed(True))]
-    logged = row(trace)
-    assert isinstance(logged["trace"], str)  # JSON text, as MLflow keeps it
-    as_lists = {**logged, "trace": trace, "gold_ids": json.loads(logged["gold_ids"])}
-    assert failure_tags(logged) == failure_tags(as_lists) == [STOPPED_EARLY]
-    assert failure_tags({"question": QUESTION, "trace": "not json", "status": "ok"}) == []
+def test_rows_read_back_from_a_table_keep_their_tags() -> None:
+    hops = [hop(1, [QUESTION], ["a/x"], decision=analyzed(True))]
+    logged = rows_of(table_of([row(hops), row([], status="failed", error="timed out after 9s")]))
+    assert [failure_tags(r) for r in logged] == [[STOPPED_EARLY], [TIMEOUT, ERROR]]

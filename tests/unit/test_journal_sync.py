@@ -24,7 +24,10 @@ APPEND_THEN_KILL = textwrap.dedent(
 
     journal = Journal(sys.argv[1], "run").open()
     for number in range(3):
-        row = QuestionRow(f"c{number}", f"q{number}", "set", "factual", 1, "question?", "answer")
+        row = QuestionRow(
+            case_id=f"c{number}", question_id=f"q{number}", set="set", query_type="factual",
+            turn=1, question="question?", gold_answer="answer",
+        )
         journal.append(f"0:c{number}", [row])
     os.kill(os.getpid(), signal.SIGKILL)  # no close, no sync, no exit handler
     """
@@ -32,7 +35,10 @@ APPEND_THEN_KILL = textwrap.dedent(
 
 
 def row(case: str) -> QuestionRow:
-    return QuestionRow(case, case, "set", "factual", 1, "question?", "answer")
+    return QuestionRow(
+        case_id=case, question_id=case, set="set", query_type="factual", turn=1,
+        question="question?", gold_answer="answer",
+    )  # fmt: skip
 
 
 def test_appended_cases_survive_a_kill_9_right_after_the_append(tmp_path: Path) -> None:

@@ -32,7 +32,15 @@ def test_progress_counts_the_questions_of_finished_cases_only(tmp_path: Path) ->
 
     def rows(case: EvalCase) -> list[QuestionRow]:
         return [
-            QuestionRow(case.id, t.id, case.set, t.query_type, n, t.question, t.answer)
+            QuestionRow(
+                case_id=case.id,
+                question_id=t.id,
+                set=case.set,
+                query_type=t.query_type,
+                turn=n,
+                question=t.question,
+                gold_answer=t.answer,
+            )
             for n, t in enumerate(case.turns, start=1)
         ]
 

@@ -84,5 +84,7 @@ def test_gate_flags_drops_beyond_tolerance_only() -> None:
     assert compare(baseline, steady)[1] == 0
     rows, regressions = compare(baseline, dropped)
     assert regressions == 2
-    assert {r[1] for r in rows if r[-1] == "REGRESSION"} == {"recall_at_k", "tokens"}
-    assert Tolerance(True, absolute=0.02).allowed(0.8) == pytest.approx(0.78)
+    flagged = {r[1] for r in rows if r[-1] == "REGRESSION"}
+    assert flagged == {"gold-passage recall@k", "tokens"}
+    assert Tolerance(absolute=0.02).allowed(0.8, higher_is_better=True) == pytest.approx(0.78)
+    assert Tolerance(relative=0.15).allowed(1000.0, higher_is_better=False) == pytest.approx(1150)

@@ -47,7 +47,7 @@ A = table(
 )
 B = table(
     [
-        question("q1", {"recall_at_k": 0.5, "f1": 0.9}, trace=STOPPED),
+        question("q1", {"recall_at_k": 0.5, "f1": 0.9}, hops=STOPPED),
         question("q2", {"recall_at_k": 1.0, "f1": 0.4}, query_type="operational"),
         question("q3", {"recall_at_k": 0.5, "f1": 0.7}, set="single_book"),
         question("q4", {}, status="failed", error="RuntimeError: boom"),

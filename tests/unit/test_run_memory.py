@@ -150,7 +150,7 @@ def without_clock(data: Any) -> Any:
 
 def comparable(rows: list[QuestionRow]) -> list[dict[str, Any]]:
     """Rows as data, without what the clock sets."""
-    return [without_clock(row.to_json()) for row in rows]
+    return [without_clock(row.model_dump(mode="json")) for row in rows]
 
 
 async def test_forgetting_finished_cases_changes_no_result() -> None:
@@ -158,5 +158,5 @@ async def test_forgetting_finished_cases_changes_no_result() -> None:
     remembering = await evaluator(RememberingPipeline).run(dataset(4))
     assert comparable(forgetting) == comparable(remembering)
     # Within a case the memory is still there: each follow-up is rewritten from its history.
-    rewritten = [row.turn for row in forgetting if any(c["step"] == "rewrite" for c in row.calls)]
+    rewritten = [r.turn for r in forgetting if any(c.step == "rewrite" for c in r.calls or [])]
     assert rewritten == [2] * 4

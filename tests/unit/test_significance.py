@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from experiments.cli import compare
+from experiments.results import metrics as registry
 from experiments.results.tracking import mlflow, use_experiment
 from experiments.scoring.significance import (
-    DEFAULT_METRICS,
     MetricComparison,
     PairingError,
     compare_runs,
@@ -83,6 +83,10 @@ def by_metric(
     return {c.metric: c for c in compare_runs(rows_a, rows_b, metrics)}
 
 
+NO_DIFFERENCE = "no significant difference on gold-passage recall@k, token F1, tokens"
+"""The verdict on two identical runs (metrics named by their labels)."""
+
+
 # --- the two tests -------------------------------------------------------------------------
 
 
@@ -94,7 +98,9 @@ def test_identical_runs_give_p_exactly_one() -> None:
         assert c.p_value == 1.0 and c.diff == 0.0 and (c.ci_low, c.ci_high) == (0.0, 0.0)
         assert c.better() == "" and c.n_paired == 60
     assert paired_permutation_test([0.3] * 10, [0.3] * 10) == 1.0  # exact enumeration path too
-    assert "no significant difference on recall_at_k, f1, tokens" in verdict(results)
+    assert "no significant difference on gold-passage recall@k, token F1, tokens" in verdict(
+        results
+    )
 
 
 def test_clearly_better_strategy_has_small_p_and_a_ci_around_the_true_gain() -> None:
@@ -111,7 +117,9 @@ def test_clearly_better_strategy_has_small_p_and_a_ci_around_the_true_gain() -> 
     assert tokens.ci_low is not None and tokens.ci_low < 200 < tokens.ci_high
     assert tokens.better() == "A"  # B spends more tokens: lower is better for cost
     line = verdict(list(results.values()))
-    assert "B better on recall_at_k, f1" in line and "A better on tokens" in line
+    assert "B better on gold-passage recall@k, token F1" in line
+    assert "A better on tokens" in line
+    assert "(lower is better for tokens)" in line
 
 
 def test_small_shift_buried_in_noise_is_not_called_significant() -> None:
@@ -178,7 +186,7 @@ def test_bad_inputs_are_refused() -> None:
 def test_ten_thousand_resamples_of_300_questions_and_10_metrics_finish() -> None:
     """Speed is measured by `make bench`; here a generous deadline only catches a hang."""
     rng = np.random.default_rng(0)
-    values = {m: rng.random(300) for m in DEFAULT_METRICS}
+    values = {m.name: rng.random(300) for m in registry.headline()}
     a = run_rows(values)
     b = run_rows({m: v + rng.normal(0.02, 0.1, 300) for m, v in values.items()})
     start = time.perf_counter()
@@ -242,9 +250,9 @@ def test_metric_missing_in_one_run_is_reported_with_a_reason() -> None:
     assert f1.reason == "run A did not log it"
     assert results["recall_at_k"].p_value is not None
     table = render_table(list(results.values()))
-    f1_line = next(line for line in table.splitlines() if line.startswith("f1 "))
+    f1_line = next(line for line in table.splitlines() if line.startswith("token F1 "))
     assert "—" in f1_line and "run A did not log it" in f1_line
-    assert "not compared: f1" in verdict(list(results.values()))
+    assert "not compared: token F1" in verdict(list(results.values()))
     asked = by_metric(a, b, ["recall_at_k", "judge_faithfulness"])["judge_faithfulness"]
     assert asked.reason == "run A did not log it; run B did not log it"
 
@@ -271,7 +279,7 @@ def test_tables_render_ci_as_an_interval_in_markdown_and_plain_text() -> None:
     c = results[0]
     markdown = render_table(results, markdown=True)
     assert markdown.splitlines()[0].split("|")[1:-1] == [
-        " metric ",
+        " metric   ",
         " A     ",
         " B     ",
         " B − A  ",
@@ -282,7 +290,7 @@ def test_tables_render_ci_as_an_interval_in_markdown_and_plain_text() -> None:
     assert f"[{c.ci_low:.3f}, {c.ci_high:.3f}]" in markdown and "<0.001" in markdown
     plain = render_table(results)
     assert plain.splitlines()[2].split() == [
-        "f1", f"{c.mean_a:.3f}", f"{c.mean_b:.3f}", f"+{c.diff:.3f}",
+        "token", "F1", f"{c.mean_a:.3f}", f"{c.mean_b:.3f}", f"+{c.diff:.3f}",
         f"[{c.ci_low:.3f},", f"{c.ci_high:.3f}]", "<0.001", "60",
     ]  # fmt: skip
 
@@ -327,7 +335,9 @@ def store_env(logged_runs: LoggedRuns, monkeypatch: pytest.MonkeyPatch) -> Logge
 
 
 def output_row(out: str, metric: str) -> list[str]:
-    return next(line.split() for line in out.splitlines() if line.startswith(f"{metric} "))
+    """The cells of a metric's row (the metric's heading first, as one cell)."""
+    line = next(line for line in out.splitlines() if line.startswith(f"{metric} "))
+    return [metric, *line.removeprefix(metric).split()]
 
 
 def test_cli_compares_two_logged_runs(store_env: LoggedRuns, capsys) -> None:
@@ -336,24 +346,25 @@ def test_cli_compares_two_logged_runs(store_env: LoggedRuns, capsys) -> None:
     assert f"A = baseline · multi-hop (offline) · {store_env.baseline}" in out
     assert "60 questions paired; 0 only in A, 0 only in B (A: 120 rows, B: 120 rows" in out
     assert out.splitlines()[4].split() == ["metric", "A", "B", "B", "−", "A", "95%", "CI", "p", "n"]
-    f1 = output_row(out, "f1")
+    f1 = output_row(out, "token F1")
     low, high = float(f1[4].strip("[,")), float(f1[5].rstrip("]"))
     assert f1[3].startswith("+") and 0.0 < low < 0.1 < high  # B is 0.1 better on every question
     assert f1[6] == "<0.001" and f1[7] == "60"
-    assert "B better on recall_at_k, f1" in out and "A better on tokens" in out
+    assert "B better on gold-passage recall@k, token F1" in out
+    assert "A better on tokens" in out
     assert compare.main([store_env.baseline, store_env.copy]) == 0
     out = capsys.readouterr().out
-    assert output_row(out, "f1")[3:6] == ["0.000", "[0.000,", "0.000]"]
-    assert output_row(out, "f1")[6] == "1.000"
-    assert "no significant difference on recall_at_k, f1, tokens" in out
+    assert output_row(out, "token F1")[3:6] == ["0.000", "[0.000,", "0.000]"]
+    assert output_row(out, "token F1")[6] == "1.000"
+    assert "no significant difference on gold-passage recall@k, token F1, tokens" in out
 
 
 def test_cli_markdown_and_chosen_metrics(store_env: LoggedRuns, capsys) -> None:
     argv = [store_env.baseline, store_env.better, "--metrics", "f1,mrr", "--markdown"]
     assert compare.main([*argv, "--resamples", "500", "--seed", "3"]) == 0
     out = capsys.readouterr().out
-    assert "| metric | A     | B     | B − A  | 95% CI" in out
-    mrr = next(line for line in out.splitlines() if line.startswith("| mrr "))
+    assert "| metric   | A     | B     | B − A  | 95% CI" in out
+    mrr = next(line for line in out.splitlines() if line.startswith("| MRR "))
     assert "run A did not log it; run B did not log it" in mrr
     assert "(500 draws, seed 3)" in out
 

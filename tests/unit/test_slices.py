@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 from mlflow.utils.validation import validate_param_and_metric_name
 
+from experiments.results.row import normalised
 from experiments.results.slices import (
     keys_of,
     metric_name,
@@ -20,11 +21,12 @@ from experiments.results.slices import (
 
 
 def row(set_name: str, query_type: str, gold: int, status: str = "ok", **values: float) -> dict:
+    """A record of a run's table (`QuestionRow.record()`'s scalar columns)."""
     return {
         "set": set_name,
         "query_type": query_type,
         "status": status,
-        "gold_ids": json.dumps([f"book/p{n}" for n in range(gold)]),
+        "gold_hops": gold,
         **values,
     }
 
@@ -92,7 +94,7 @@ def test_logged_slices(table: pd.DataFrame) -> None:
     assert logged["recall_at_k/gold_hops/1"] == pytest.approx(0.0)
     assert logged["correct_refusal/unanswerable"] == 1.0
     assert "recall_at_k/unanswerable" not in logged  # no value: not logged, never 0
-    assert not [n for n in logged if n.startswith("status") or n.startswith("gold_ids")]
+    assert not [n for n in logged if n.startswith("status") or n.startswith("gold_hops/")]
 
 
 def test_a_breakdown_with_one_slice_is_not_repeated(table: pd.DataFrame) -> None:
@@ -120,3 +122,16 @@ def test_runs_are_recomputed_on_one_slice(table: pd.DataFrame) -> None:
     assert pd.isna(sliced["recall_at_k"][2]) and pd.isna(sliced["questions"][2])  # no table
     assert keys_of({"a": table}, "gold_hops") == ["0", "1", "2"]
     assert len(rows_in(table, "type", "decision")) == 2
+
+
+def test_a_table_logged_before_whole_rows_slices_by_its_gold_passages() -> None:
+    legacy = pd.DataFrame(
+        [
+            {"set": "s", "status": "ok", "gold_ids": json.dumps(["a/x", "b/y"]), "f1": 1.0},
+            {"set": "s", "status": "ok", "gold_ids": json.dumps([]), "f1": 0.0},
+        ]
+    )
+    hops = slice_means(normalised(legacy), ["f1"], "gold_hops")
+    assert hops["f1"].to_dict() == {"0": 0.0, "2": 1.0}
+    # a table that never knew its gold passages has no gold-hops slices
+    assert slice_means(normalised(legacy.drop(columns="gold_ids")), ["f1"], "gold_hops").empty

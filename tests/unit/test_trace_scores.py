@@ -10,12 +10,12 @@ import pytest
 from mlflow.entities import Expectation, Feedback
 from mlflow.tracing.constant import SpanAttributeKey
 
-from caprag.schemas import Document, RetrievedRef
+from caprag.schemas import CallUsage, Document, RetrievedRef
 from caprag.services import AskResult
+from caprag.steps.analyze import SufficiencyDecision
 from caprag.trace import HopTrace
-from experiments.harness.evaluate import trace_of
 from experiments.results import traces
-from experiments.results.row import PASSAGE_CHARS, QuestionRow
+from experiments.results.row import PASSAGE_CHARS, PassageInfo, QuestionRow
 
 TARGET = traces.Target("sqlite:///unused.db", "7", "run-1", "multi-hop")
 MESSAGES = [
@@ -25,24 +25,23 @@ MESSAGES = [
 REPLY = '{"sufficient": false, "new_queries": ["Old Soldier"]}'
 
 
-def doc(pid: str, text: str | None, new: bool = True) -> dict[str, Any]:
-    found = {"passage_id": pid, "book_id": pid.split("/")[0], "page": 3, "score": 0.5, "new": new}
-    return found if text is None else {**found, "text": text}
+def doc(pid: str, new: bool = True) -> RetrievedRef:
+    return RetrievedRef(passage_id=pid, book_id=pid.split("/")[0], page=3, score=0.5, new=new)
 
 
 def answered() -> QuestionRow:
     """A two-hop answered question with one model call and one rule call."""
     now = time.time_ns()
-    analyze = {
-        "step": "analyze",
-        "model": "gpt-4o-mini",
-        "prompt_tokens": 400,
-        "completion_tokens": 30,
-        "latency_s": 0.01,
-        "messages": MESSAGES,
-        "reply": REPLY,
-    }
-    generate = {"step": "generate", "model": "offline", "prompt_version": "generate-v1"}
+    analyze = CallUsage(
+        step="analyze",
+        model="gpt-4o-mini",
+        prompt_tokens=400,
+        completion_tokens=30,
+        latency_s=0.01,
+        messages=MESSAGES,
+        reply=REPLY,
+    )
+    generate = CallUsage(step="generate", model="offline", prompt_version="generate-v1")
     return QuestionRow(
         case_id="c1",
         question_id="t-cb-1",
@@ -58,26 +57,28 @@ def answered() -> QuestionRow:
         missing={"correct_refusal": "question is answerable"},
         started_ns=now,
         timings={"total": 0.05},
-        trace=[
-            {
-                "hop": 1,
-                "queries": ["flurry"],
-                "documents": [doc("fighting/flurry", "Two attacks.")],
-                "usage": [analyze],
-                "latency_s": 0.02,
-                "decision": {"sufficient": False},
-            },
-            {
-                "hop": 2,
-                "queries": ["old soldier"],
-                "latency_s": 0.01,
-                "usage": [],
-                "documents": [
-                    doc("fighting/flurry", None, new=False),
-                    doc("gifts/old-soldier", "Halves the penalty."),
-                ],
-            },
+        hops=[
+            HopTrace(
+                hop=1,
+                queries=["flurry"],
+                documents=[doc("fighting/flurry")],
+                usage=[analyze.model_copy(update={"messages": None, "reply": None})],
+                latency_s=0.02,
+                decision=SufficiencyDecision(sufficient=False),
+            ),
+            HopTrace(
+                hop=2,
+                queries=["old soldier"],
+                latency_s=0.01,
+                documents=[doc("fighting/flurry", new=False), doc("gifts/old-soldier")],
+            ),
         ],
+        passages={
+            "fighting/flurry": PassageInfo(
+                book_id="fighting", page=3, section="Flurry", text="Two attacks."
+            ),
+            "gifts/old-soldier": PassageInfo(book_id="gifts", page=3, text="Halves the penalty."),
+        },
         calls=[analyze, generate],
     )
 
@@ -135,14 +136,16 @@ def test_hop_spans_carry_their_documents_with_passage_text_in_retriever_format()
         {
             "page_content": "Two attacks.",
             "metadata": {"passage_id": "fighting/flurry", "book_id": "fighting", "page": 3,
-                         "score": 0.5, "new": True},
+                         "score": 0.5, "new": True, "gold": True, "section": "Flurry"},
             "id": "fighting/flurry",
         }
     ]  # fmt: skip
-    # A duplicate keeps no text in the row; its span gets the text an earlier hop carried.
+    # The row keeps a passage's text once; every span that shows the passage gets it.
     assert [d["page_content"] for d in hop2.outputs] == ["Two attacks.", "Halves the penalty."]
+    assert [d["metadata"]["gold"] for d in hop2.outputs] == [True, False]
     assert [d["page_content"] for d in retrieve.outputs] == ["Two attacks.", "Halves the penalty."]
-    assert hop1.attributes["decision"] == {"sufficient": False}
+    assert hop1.attributes["decision"] == {"sufficient": False, "new_queries": [], "reasoning": ""}
+    assert hop1.attributes["prompt_tokens"] == "400"  # from the hop's usage
 
 
 def test_a_model_call_is_a_chat_span_with_its_messages_and_reply() -> None:
@@ -168,8 +171,9 @@ def test_a_model_call_is_a_chat_span_with_its_messages_and_reply() -> None:
 def test_a_failed_question_gets_an_error_trace_with_the_calls_it_made() -> None:
     row = answered()
     row.status, row.error = "failed", "StructuredOutputError: could not parse the reply"
-    row.trace, row.values, row.missing = [], {}, {}
-    row.calls = [{**row.calls[0], "reply": "{not json", "error": "could not parse"}]
+    row.hops, row.values, row.missing = [], {}, {}
+    assert row.calls is not None
+    row.calls = [row.calls[0].model_copy(update={"reply": "{not json", "error": "could not parse"})]
     row.timings = {"total": 0.5}
     trace = traces.build_trace(row, TARGET)
     root = trace.spans[0]
@@ -191,7 +195,7 @@ def test_a_failed_question_gets_an_error_trace_with_the_calls_it_made() -> None:
 
 def test_a_timed_out_question_s_error_has_no_exception_name() -> None:
     row = answered()
-    row.status, row.error, row.calls, row.trace = "failed", "timed out after 120s", [], []
+    row.status, row.error, row.calls, row.hops = "failed", "timed out after 120s", [], []
     (event,) = traces.build_trace(row, TARGET).spans[0].events
     assert event.attributes["exception.type"] == "Error"
     assert event.attributes["exception.message"] == "timed out after 120s"
@@ -206,28 +210,37 @@ def test_a_question_s_trace_id_derives_from_the_run_and_case() -> None:
 def test_the_row_keeps_each_passage_s_text_once_and_cuts_a_long_one() -> None:
     long = "x" * (PASSAGE_CHARS + 50)
     flurry = Document(passage_id="fighting/flurry", book_id="fighting", text="Two attacks.")
+    sent = CallUsage(step="analyze", model="m", messages=MESSAGES, reply=REPLY)
     hops = [
-        HopTrace(hop=1, queries=["a"], documents=[ref("fighting/flurry"), ref("big/one")]),
+        HopTrace(
+            hop=1, queries=["a"], documents=[ref("fighting/flurry"), ref("big/one")], usage=[sent]
+        ),
         HopTrace(hop=2, queries=["b"], documents=[ref("fighting/flurry"), ref("gifts/x")]),
     ]
     result = AskResult(
         question="q", main_question="q", answer="a", sources=[], thread_id="t", strategy="s",
-        hops=hops, context=[flurry], usage=[], prompt_tokens=0, completion_tokens=0,
+        hops=hops, context=[flurry], usage=[sent], prompt_tokens=0, completion_tokens=0,
         cost_usd=0.0, latency_s=0.0,
+    )  # fmt: skip
+    row = QuestionRow(
+        case_id="c", question_id="q", set="s", query_type="factual", turn=1, question="q",
+        gold_answer="", gold_ids=["gifts/x"],
     )  # fmt: skip
     # Texts from the index where it has them, else from the context handed to generation.
     index = {"big/one": long, "gifts/x": "Gift."}
-    trace = trace_of(result, {}, [], lambda pid: index.get(pid, ""))
-    first, second = trace[0]["documents"], trace[1]["documents"]
-    assert first[0]["text"] == "Two attacks."
-    assert first[1]["text"] == "x" * PASSAGE_CHARS + "…"
-    assert "text" not in second[0]  # kept once, on its first appearance
-    assert second[1]["text"] == "Gift."
-    assert traces.passage_texts(trace) == {
+    row.add_answer(result, {"gifts/x": "Gifts"}, lambda pid: index.get(pid, ""))
+    assert {pid: p.text for pid, p in row.passages.items()} == {
         "fighting/flurry": "Two attacks.",
         "big/one": "x" * PASSAGE_CHARS + "…",
         "gifts/x": "Gift.",
     }
+    assert row.passage("gifts/x").section == "Gifts" and row.passage("big/one").book_id == "big"
+    assert row.retrieved_ids() == ["fighting/flurry", "big/one", "gifts/x"]
+    assert [row.is_gold(pid) for pid in row.retrieved_ids()] == [False, False, True]
+    # The messages and reply are kept once, in the row's calls; the hop keeps the call's cost.
+    assert row.calls == [sent]
+    assert row.hops[0].usage[0].messages is None and row.hops[0].usage[0].reply is None
+    assert result.hops[0].usage[0].messages == MESSAGES  # the answer itself is left as it was
 
 
 def ref(pid: str) -> RetrievedRef:

@@ -9,6 +9,7 @@ from pathlib import Path
 from experiments.perf.dashboard_bench import synthetic_rows
 from experiments.results import tracking
 from experiments.results.aggregate import aggregate, summary_metrics
+from experiments.results.row import rows_of
 from experiments.results.tracking import mlflow
 
 
@@ -24,3 +25,4 @@ def test_logging_results_twice_keeps_one_row_per_question(tmp_path: Path) -> Non
     )
     assert len(table) == 5
     assert list(table["question_id"]) == [row.question_id for row in rows]
+    assert rows_of(table) == rows  # each row whole, through the replacing write too

@@ -20,19 +20,31 @@ import streamlit as st
 from caprag.checkpoint import make_checkpointer
 from caprag.config import Settings, load_settings
 from caprag.errors import CapragError
+from caprag.plugins import load_plugins
+from caprag.retrievers import RETRIEVERS
 from caprag.schemas import Document
 from caprag.services import AskResult, Pipeline, build_pipeline, retention_from_settings
 from caprag.steps import CHOICES, ROLES
 from caprag.strategies import STRATEGIES
-from experiments.dashboard.data import TraceView, decision_log, decision_table
-from experiments.dashboard.trace_view import render_trace, trace_from_result
+from caprag.trace import HopTrace
+from experiments.dashboard.data import decision_log, decision_table
+from experiments.dashboard.trace_view import render_trace, row_of_answer
+from experiments.results.row import QuestionRow
 
 DEFAULT_STRATEGY = "multi-hop"
 ADAPTIVE = "adaptive"
 POWERS = ["auto", "1", "2", "3"]
-STRATEGY_NAMES = [DEFAULT_STRATEGY, *sorted(set(STRATEGIES) - {DEFAULT_STRATEGY})]
-RETRIEVERS = {"dense": "dense (embeddings)", "bm25": "bm25 (lexical)", "hybrid": "hybrid (RRF)"}
 TIMEOUT_S = 300
+
+
+def strategy_names() -> list[str]:
+    """Every registered strategy, the default first."""
+    return [DEFAULT_STRATEGY, *sorted(set(STRATEGIES) - {DEFAULT_STRATEGY})]
+
+
+def retriever_label(name: str) -> str:
+    """A retriever as the select box shows it: 'dense (embeddings)'."""
+    return f"{name} ({RETRIEVERS[name].short})"
 
 
 @st.cache_resource
@@ -77,7 +89,7 @@ def power_label(strategy: str, forced: int | None) -> str:
     return f" (power {forced}: forced depth)" if forced else " (power auto)"
 
 
-def render_decision_log(hops: list[dict[str, Any]], max_depth: int | None) -> None:
+def render_decision_log(hops: list[HopTrace], max_depth: int | None) -> None:
     """Adaptive answers: each round's depth, chunks, confidence, threshold and decision."""
     log = decision_log(hops)
     if log.empty:
@@ -126,19 +138,21 @@ def step_choices(llm: str) -> dict[str, str]:
     return chosen
 
 
+load_plugins()  # CAPRAG_PLUGINS: their retrievers and strategies are offered below
 st.title("Ask")
 backends = ["offline", "openai"] if os.environ.get("OPENAI_API_KEY") else ["offline"]
 default_retriever = os.environ.get("CAPRAG_RETRIEVER", "dense")
 left, middle, right = st.columns(3)
-strategy = left.selectbox("Strategy", STRATEGY_NAMES, key="ask_strategy")
+strategy = left.selectbox("Strategy", strategy_names(), key="ask_strategy")
+retrievers = list(RETRIEVERS)
 retriever = middle.selectbox(
     "Retriever",
-    list(RETRIEVERS),
-    index=list(RETRIEVERS).index(default_retriever) if default_retriever in RETRIEVERS else 0,
+    retrievers,
+    index=retrievers.index(default_retriever) if default_retriever in RETRIEVERS else 0,
     key="ask_retriever",
-    format_func=RETRIEVERS.__getitem__,
-    help="dense: embedded chunks; bm25: word matches (stemmed); hybrid: both, fused by "
-    "reciprocal rank. A retriever not used before indexes the books on first use.",
+    format_func=retriever_label,
+    help="; ".join(f"{name}: {kind.description}" for name, kind in RETRIEVERS.items())
+    + ". A retriever not used before indexes the books on first use.",
 )
 llm = right.selectbox(
     "LLM backend", backends, key="ask_llm", help="openai is offered when OPENAI_API_KEY is set"
@@ -184,7 +198,7 @@ if go.button("Ask", type="primary", key="ask_go", disabled=settings is None):
         with st.spinner("Answering…"):
             forced = forced_power(strategy, power_choice)
             result = ask(built, question, thread, forced)
-        view = trace_from_result(result, sections)
+        view = row_of_answer(result, sections)
         st.session_state["ask_result"] = (view, result)
         st.session_state["ask_used_power"] = power_label(strategy, forced)
         budget = getattr(built.strategy, "budget", None)  # the adaptive strategy's budgets
@@ -202,7 +216,7 @@ if go.button("Ask", type="primary", key="ask_go", disabled=settings is None):
         st.error(f"{type(exc).__name__}: {exc}")
     except TimeoutError:
         st.error(f"No answer within {TIMEOUT_S} s.")
-stored: tuple[TraceView, AskResult] | None = st.session_state.get("ask_result")
+stored: tuple[QuestionRow, AskResult] | None = st.session_state.get("ask_result")
 turns: list[tuple[AskResult, str]] = st.session_state.get("ask_turns", [])
 if stored is None or not turns:
     st.info("Type a question and press Ask. The offline backend needs no key.")

@@ -8,7 +8,6 @@ import streamlit as st
 from experiments.dashboard import charts, selection
 from experiments.dashboard.data import (
     COST,
-    COST_TOTAL,
     QUALITY,
     adaptive_runs,
     always_deep_run,
@@ -24,24 +23,25 @@ from experiments.dashboard.data import (
     saving_text,
     savings_vs_deep,
     schema_warning,
-    trace_from_row,
+    table_metrics,
 )
 from experiments.dashboard.trace_view import render_trace
+from experiments.results import metrics as registry
+from experiments.results.row import rows_of
 from experiments.results.slices import (
     DIMENSION_LABELS,
-    SLICE_METRICS,
     Dimension,
     keys_of,
     rows_in,
     sliced_runs,
 )
-from experiments.results.tables import SHOWN
 from experiments.scoring.calibration import reliability
 from experiments.scoring.oracle import OracleError, oracle_routing
 from experiments.scoring.significance import PairingError
 
-# The metrics recomputed on a slice: every one the metrics table shows, and tokens.
-SLICED = [*(name for name, _ in SHOWN), "tokens"]
+# The metrics recomputed on a slice: every one the metrics table shows.
+SLICED = registry.names(table_metrics())
+COST_METRIC, RECALL = registry.get("cost_usd"), registry.get("recall_at_k")
 
 
 def render_savings(
@@ -76,19 +76,20 @@ def render_savings(
         help="1 − adaptive total / always-deep total, in USD (offline: priced as if sent)",
     )
     cost.caption(
-        f"{saving_text(saved.cost_saving, 'cost')} · totals: adaptive {saved.cost_usd[0]:.6f} "
-        f"USD, always deep {saved.cost_usd[1]:.6f} USD"
+        f"{saving_text(saved.cost_saving, COST_METRIC.label)} · totals: adaptive "
+        f"{oracle_cell(saved.cost_usd[0], 'cost_usd', total=True)}, always deep "
+        f"{oracle_cell(saved.cost_usd[1], 'cost_usd', total=True)}"
     )
     mine, theirs = saved.recall_at_k
     change = None if mine is None or theirs is None else mine - theirs
     recall.metric(
-        "Gold-passage recall@k, adaptive",
-        "—" if mine is None else f"{mine:.3f}",
+        f"{RECALL.label}, adaptive",
+        RECALL.display(mine),
         delta=None if change is None else f"{change:+.3f} vs always deep",
         delta_color="off" if not change else "normal",
         delta_arrow="off" if not change else "auto",
     )
-    recall.caption("always deep " + ("—" if theirs is None else f"{theirs:.3f}"))
+    recall.caption("always deep " + RECALL.display(theirs))
 
 
 def render_deeper(run: pd.Series, table: pd.DataFrame, chosen: list[str]) -> None:
@@ -110,7 +111,9 @@ def render_deeper(run: pd.Series, table: pd.DataFrame, chosen: list[str]) -> Non
         selection_mode="single-row",
         column_config={
             "question": st.column_config.TextColumn("question", width="large"),
-            "recall_at_k": st.column_config.NumberColumn("recall@k", format="%.2f"),
+            "recall_at_k": st.column_config.NumberColumn(
+                RECALL.heading, format=RECALL.format.printf
+            ),
         },
     )
     rows = list(event.selection.rows)
@@ -127,20 +130,17 @@ def render_deeper(run: pd.Series, table: pd.DataFrame, chosen: list[str]) -> Non
     )
     if index is None:
         return
-    row = table.loc[index]
+    row = rows_of(table.loc[[index]])[0]
     if st.button("Open in the Trace viewer", key="deeper_open"):
         run_id = str(run["run_id"])  # first: the Trace viewer opens the first selected run
         selection.remember([run_id, *(r for r in chosen if r != run_id)])
         st.session_state["trace_question"] = index
         st.switch_page("views/trace.py")
     with st.container(border=True):
-        log = decision_log(trace_from_row(row).hops)
+        log = decision_log(row.hops)
         st.markdown(f"**Rounds of {deeper.at[index, 'question_id']!s}**")
         st.table(decision_table(log), hide_index=True)
-        render_trace(trace_from_row(row))
-
-
-COST_SAVED = {"tokens": "tokens", "cost_usd": "cost"}
+        render_trace(row)
 
 
 def render_oracle(
@@ -157,9 +157,10 @@ def render_oracle(
         st.info("The oracle needs two or more selected runs with a per-question table.")
         return
     cost = st.radio(
-        "Cost counted", list(COST), format_func=COST_TOTAL.__getitem__, horizontal=True,
+        "Cost counted", list(COST), format_func=lambda m: registry.get(m).label, horizontal=True,
         key="oracle_cost",
     )  # fmt: skip
+    counted = registry.get(cost)
     try:
         result = oracle_routing(
             {labels[rid]: table for rid, table in tables.items()}, cost=cost, quality="recall_at_k"
@@ -174,10 +175,11 @@ def render_oracle(
     best = result.best_single()
     oracle, single = summary.iloc[-1], summary.set_index("run").loc[best]
     st.markdown(
-        f"**Perfect router:** {oracle_cell(oracle['total'], cost)} at recall@k "
-        f"{oracle_cell(oracle['recall'], '')} · best single run {best}: "
-        f"{oracle_cell(single['total'], cost)} at recall@k {oracle_cell(single['recall'], '')} · "
-        f"the router spends {saving_text(result.saving(best), COST_SAVED[cost])} than that run"
+        f"**Perfect router:** {oracle_cell(oracle['total'], cost, total=True)} at "
+        f"{RECALL.label} {oracle_cell(oracle['recall'], RECALL.name)} · best single run {best}: "
+        f"{oracle_cell(single['total'], cost, total=True)} at {RECALL.label} "
+        f"{oracle_cell(single['recall'], RECALL.name)} · the router spends "
+        f"{saving_text(result.saving(best), counted.label)} than that run"
     )
     st.caption(
         f"{result.questions} questions routed"
@@ -188,31 +190,36 @@ def render_oracle(
         )
         + (f"; {result.left_out} left out (not answered by every run)" if result.left_out else "")
     )
-    number = "%.6f" if cost == "cost_usd" else "localized"
+    total_format = counted.total or counted.format
     st.dataframe(
-        oracle_display(summary, COST_SAVED[cost]),
+        oracle_display(summary, counted.label).assign(
+            per_question=counted.scaled(summary["per_question"])
+        ),
         hide_index=True,
         key="oracle_table",
         column_config={
             "run": st.column_config.TextColumn("run", width="large"),
-            "total": st.column_config.NumberColumn(f"total {COST_TOTAL[cost]}", format=number),
-            "per_question": st.column_config.NumberColumn(
-                "per question", format="%.6f" if cost == "cost_usd" else "%.0f"
+            "total": st.column_config.NumberColumn(
+                counted.total_heading,
+                format="localized" if total_format.grouping else total_format.printf,
             ),
-            "recall": st.column_config.NumberColumn("recall@k", format="%.3f"),
+            "per_question": st.column_config.NumberColumn(
+                f"mean {counted.heading}", format=counted.format.printf
+            ),
+            "recall": st.column_config.NumberColumn(RECALL.heading, format=RECALL.format.printf),
             "routed": st.column_config.NumberColumn("routed to it"),
             "saves": st.column_config.TextColumn(
                 "oracle saves", help="1 − oracle total / this run's total"
             ),
         },
     )
-    st.plotly_chart(charts.oracle(summary, COST_TOTAL[cost], strategy_of), key="oracle_chart")
+    st.plotly_chart(charts.oracle(summary, cost, strategy_of), key="oracle_chart")
     with st.expander(f"Per question: the run the oracle picks ({result.questions})"):
         st.dataframe(
             result.choices.reset_index(),
             hide_index=True,
             key="oracle_choices",
-            column_config={"quality": "recall@k", "best_quality": "best recall@k"},
+            column_config={"quality": RECALL.label, "best_quality": f"best {RECALL.label}"},
         )
 
 
@@ -279,7 +286,7 @@ st.caption("value (questions with a value / all questions) where a metric is not
 st.table(metric_table(shown_runs))
 if dim is not None and keys:
     with st.expander(f"Every {DIMENSION_LABELS[dim]} side by side (main metrics)"):
-        main = [(m, n) for m, n in SHOWN if m in SLICE_METRICS]
+        main = [m.name for m in registry.sliced() if m.name in SLICED]
         grouped = pd.concat(
             {k: metric_table(sliced_runs(picked, tables, dim, k, SLICED), main) for k in keys},
             names=[DIMENSION_LABELS[dim], "metric"],
@@ -288,10 +295,13 @@ if dim is not None and keys:
 
 st.header("Cost vs quality")
 c1, c2, c3 = st.columns(3)
-cost = c1.radio("Cost", list(COST), format_func=COST.__getitem__, horizontal=True, key="cost")
-quality = c2.radio(
-    "Quality", list(QUALITY), format_func=QUALITY.__getitem__, horizontal=True, key="quality"
+cost = c1.radio(
+    "Cost", list(COST), format_func=lambda m: registry.get(m).heading, horizontal=True, key="cost"
 )
+quality = c2.radio(
+    "Quality", list(QUALITY), format_func=lambda m: registry.get(m).label, horizontal=True,
+    key="quality",
+)  # fmt: skip
 scope = c3.radio(
     "Runs shown", ["selected", "all"], horizontal=True, key="scope", disabled=dim is not None,
     help="A slice is computed from per-question tables: only the selected runs are sliced",

@@ -8,6 +8,7 @@ import streamlit as st
 from experiments.dashboard import selection
 from experiments.dashboard.data import default_comparison
 from experiments.dashboard.significance_view import render_significance
+from experiments.results import metrics as registry
 from experiments.scoring import regressions as reg
 from experiments.scoring.failures import TAGS
 
@@ -44,10 +45,11 @@ selection.seed("reg_metric", "metric", metrics)
 metric = st.selectbox(
     "Metric",
     metrics,
-    format_func=lambda m: reg.METRICS[m].label,
+    format_func=lambda m: registry.get(m).heading,
     key="reg_metric",
-    help="better/worse: B's value above/below A's (below/above for tokens, cost and false "
-    "refusal); a question that failed counts as the metric's worst value",
+    help="better/worse: B's value above/below A's (below/above where lower is better: costs, "
+    "false refusal); a question that failed counts as 0 on a quality score, is not scored on a "
+    "cost",
 )
 selection.share("reg_metric", "metric", metric)
 frame = reg.compare(table_a, table_b, metric)
@@ -75,6 +77,8 @@ st.caption(
     f"both runs answered match the set, type and tag filters; {len(shown)} shown"
 )
 rows = reg.ordered(shown).reset_index(drop=True)
+rule = registry.get(metric)
+rows["value_a"], rows["value_b"] = rule.scaled(rows["value_a"]), rule.scaled(rows["value_b"])
 rows["trace_a"] = [selection.link(TRACE_PAGE, run=run_a, question=q) for q in rows["question_id"]]
 rows["trace_b"] = [selection.link(TRACE_PAGE, run=run_b, question=q) for q in rows["question_id"]]
 COLUMNS = [
@@ -86,8 +90,8 @@ st.dataframe(
     hide_index=True,
     key="reg_table",
     column_config={
-        "value_a": st.column_config.NumberColumn("A", format="%.3f"),
-        "value_b": st.column_config.NumberColumn("B", format="%.3f"),
+        "value_a": st.column_config.NumberColumn("A", format=rule.format.printf, help=rule.heading),
+        "value_b": st.column_config.NumberColumn("B", format=rule.format.printf, help=rule.heading),
         "tags_a": st.column_config.ListColumn("A tags", width="medium"),
         "tags_b": st.column_config.ListColumn("B tags", width="medium"),
         "trace_a": st.column_config.LinkColumn("A trace", display_text="open A"),

@@ -4,80 +4,30 @@ from __future__ import annotations
 
 from typing import Any
 
-import pandas as pd
 import streamlit as st
 
 from experiments.dashboard import selection
-from experiments.dashboard.data import filter_runs
-from experiments.results.tables import SHOWN as METRIC_NAMES
+from experiments.dashboard.data import filter_runs, metric_choices
+from experiments.results import metrics as registry
 
 # The columns after the run and the picked metrics (a bare string here would be shown: magic).
 DETAILS = [
     "strategy", "dataset", "llm", "model", "start_time", "status", "sweep", "questions", "run_id",
 ]  # fmt: skip
 DEFAULT_METRICS = ["recall_at_k", "all_gold_at_k", "f1", "hops", "tokens", "cost_usd"]
-SHORT = {
-    "recall_at_k": "recall@k",
-    "all_gold_at_k": "all gold@k",
-    "precision_at_k": "precision@k",
-    "mrr": "MRR",
-    "f1": "F1",
-    "exact_match": "exact match",
-    "prompt_tokens": "prompt tok/q",
-    "completion_tokens": "compl. tok/q",
-    "tokens": "tokens/q",
-    "cost_usd": "$ / 1k q",
-    "latency_s": "latency s",
-}
-LONG = dict(METRIC_NAMES) | {"tokens": "tokens per question (prompt + completion)"}
-NOT_METRICS = {"questions", "failed"}
-PER_1K = 1000
 RUN_WIDTH_PX = 330
 
 
-def metric_columns(runs: pd.DataFrame) -> list[str]:
-    """The metrics a user can show: the usual ones in their usual order, then the rest (slices
-    such as recall_at_k/cross_book) by name; coverage shares and counts left out."""
-    usual = [name for name, _ in METRIC_NAMES] + ["tokens"]
-    numeric = [
-        c
-        for c in runs.columns
-        if pd.api.types.is_numeric_dtype(runs[c])
-        and not c.endswith(".coverage")
-        and c not in NOT_METRICS
-        and runs[c].notna().any()
-    ]
-    return [m for m in usual if m in numeric] + sorted(c for c in numeric if c not in usual)
-
-
-def decimals(name: str) -> int:
-    """Places a metric is rounded to: shares 3, tokens, calls and counts 0, hops and latency 2,
-    dollars per 1,000 questions 3."""
-    base = name.partition("/")[0]
-    if base.endswith(("tokens", "calls")) or base in {"distinct_passages", "questions"}:
-        return 0
-    if base.startswith("latency") or base in {"hops", "depth"}:
-        return 2
-    return 3
-
-
-def shown_value(name: str, values: pd.Series) -> pd.Series:
-    """A metric column as the table holds it: cost in dollars per 1,000 questions, rounded."""
-    if name.partition("/")[0] == "cost_usd":
-        values = values * PER_1K
-    return values.round(decimals(name))
-
-
 def column(name: str) -> Any:
-    """How a metric's column reads: a short title, its meaning as help, its rounding."""
-    base, _, part = name.partition("/")
-    title = SHORT.get(base, base) + (f" · {part.replace('/', ' ')}" if part else "")
-    help_text = LONG.get(base, base) + (f", questions of {part}" if part else "")
-    number = f"%.{decimals(name)}f"
-    if base == "cost_usd":
-        number = "$" + number
-        help_text = "USD per 1,000 questions (" + help_text + ")"
-    return st.column_config.NumberColumn(title, format=number, help=help_text, width="small")
+    """How a metric's column reads (experiments.results.metrics): its heading as the title, its
+    description and direction as help, its display scale and rounding."""
+    metric = registry.get(name)
+    about = [metric.description, metric.direction.capitalize()]
+    return st.column_config.NumberColumn(
+        metric.heading,
+        format=metric.format.printf,
+        help=" · ".join(a for a in about if a) or None,
+    )
 
 
 st.title("Runs")
@@ -98,12 +48,12 @@ since, until = (dates[0], dates[-1]) if isinstance(dates, tuple) and dates else 
 shown = filter_runs(
     runs, datasets=datasets, strategies=strategies, llms=llms, since=since, until=until, tag=tag
 )
-available = metric_columns(runs)
+available = metric_choices(runs)
 picked = st.multiselect(
     "Metrics shown",
     available,
     default=[m for m in DEFAULT_METRICS if m in available],
-    format_func=lambda m: LONG.get(m, m),
+    format_func=lambda m: registry.get(m).heading,
     key="runs_metrics",
     help="Shown right after the run, in this order; per-slice metrics (recall_at_k/cross_book, "
     "recall_at_k/type/bridge) are here too",
@@ -111,7 +61,8 @@ picked = st.multiselect(
 st.caption(f"{len(shown)} of {len(runs)} runs · tick rows to compare them")
 table = shown[["label", *picked, *(c for c in DETAILS if c in shown.columns)]].copy()
 for name in picked:
-    table[name] = shown_value(name, table[name])
+    metric = registry.get(name)
+    table[name] = metric.scaled(table[name]).round(metric.format.decimals)
 event = st.dataframe(
     table,
     hide_index=True,

@@ -5,8 +5,9 @@ from __future__ import annotations
 import streamlit as st
 
 from experiments.dashboard import selection, store
-from experiments.dashboard.data import schema_warning, trace_from_row
+from experiments.dashboard.data import schema_warning
 from experiments.dashboard.trace_view import render_scores, render_trace, trace_id
+from experiments.results.row import GOLD_HOPS, rows_of
 
 st.title("Trace viewer")
 runs = selection.require_runs()
@@ -26,7 +27,7 @@ if warning:
 table = selection.load_questions(run)
 if table is None:
     st.stop()
-missing = [c for c in ("question_id", "question", "trace", "gold_ids") if c not in table.columns]
+missing = [c for c in ("question_id", "question", GOLD_HOPS) if c not in table.columns]
 if missing:
     st.warning(
         f"This run's per-question table lacks {', '.join(missing)} (an older schema): "
@@ -49,9 +50,10 @@ if question is None:
     st.info("No question matches the filter.")
     st.stop()
 selection.share("trace_question", "question", rows.at[question, "question_id"])
+row = rows_of(rows.loc[[question]])[0]
 st.link_button(
     "Open this question's trace in the MLflow UI",
-    store.trace_url(str(run["experiment_id"]), trace_id(str(run["run_id"]), rows.loc[question])),
+    store.trace_url(str(run["experiment_id"]), trace_id(str(run["run_id"]), row)),
 )
-render_scores(rows.loc[question].to_dict())
-render_trace(trace_from_row(rows.loc[question]))
+render_scores(row)
+render_trace(row)

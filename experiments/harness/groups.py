@@ -1,0 +1,49 @@
+"""The config group members the registries add: a registered retriever or strategy without a
+yaml in conf/ is still choosable as `retriever=NAME` / `strategy=NAME`, as a structured config
+node in Hydra's ConfigStore (the yaml, where there is one, says more: comments, tuned values)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+
+from caprag.config import PROJECT_ROOT
+from caprag.retrievers import RETRIEVERS
+from caprag.strategies import STRATEGIES, RetrievalStrategy
+
+CONF = PROJECT_ROOT / "conf"
+DEFAULT_K = 8
+"""retriever.k of a node: the fixed passage budget every conf/retriever/ yaml sets."""
+
+
+def retriever_node(name: str) -> dict[str, Any]:
+    """`retriever=NAME`: that kind's index, built by build_index over the configured corpus."""
+    return {
+        "k": DEFAULT_K,
+        "index": {
+            "_target_": "experiments.harness.build.build_index",
+            "corpus": "${paths.corpus}",
+            "store": "${paths.store}",
+            "kind": name,
+        },
+    }
+
+
+def strategy_node(cls: type[RetrievalStrategy]) -> dict[str, Any]:
+    """`strategy=NAME`: the class, given its retriever, steps and k by the harness."""
+    return {"_target_": f"{cls.__module__}.{cls.__qualname__}", "_partial_": True}
+
+
+def _offer(group: str, name: str, node: dict[str, Any]) -> None:
+    if not (CONF / group / f"{name}.yaml").exists():
+        ConfigStore.instance().store(group=group, name=name, node=node)
+
+
+@functools.cache
+def offer_registered() -> None:
+    """Put every registered retriever and strategy without a yaml into its group, now and
+    whenever one is registered later (once per process)."""
+    RETRIEVERS.on_register(lambda name, _kind: _offer("retriever", name, retriever_node(name)))
+    STRATEGIES.on_register(lambda name, cls: _offer("strategy", name, strategy_node(cls)))
