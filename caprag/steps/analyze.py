@@ -288,6 +288,21 @@ def bridge_names(
     return linked_names(question, ordered, documents, catalog)
 
 
+def question_names(question: str, catalog: Catalog | None) -> list[str]:
+    """Names the question itself gives that the corpus has a passage about, not read yet: a
+    question that names two things ('DC Talk or Manchester Orchestra?', 'Rapid Strike with Old
+    Soldier') needs each one's passage, and one search for the whole question may find only the
+    first."""
+    if catalog is None:
+        return []
+    found: list[str] = []
+    for sentence in sentences(question) or [question]:
+        for name in names(f"x {sentence}"):  # no name opens the sentence: 'x' does
+            if catalog.passages(name) and name not in found:
+                found.append(name)
+    return found
+
+
 def answer_bridges(
     question: str, documents: Sequence[Document], catalog: Catalog | None
 ) -> list[str]:

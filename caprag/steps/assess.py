@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
@@ -176,6 +176,11 @@ def heuristic_confidence(
     else:
         names = analyzer.bridge_names(question, documents, catalog)
         unresolved = [analyzer.follow_up(question, name) for name in names]
+    unresolved += [
+        analyzer.follow_up(question, name)
+        for name in analyzer.question_names(question, catalog)
+        if analyzer.follow_up(question, name) not in unresolved
+    ]
     coverage = 1.0 - len(set(uncovered)) / len(wanted)
     return ConfidenceSignals(
         relevance=relevance,
@@ -200,54 +205,6 @@ def score_margin(documents: Sequence[Document]) -> float:
     if len(documents) < 2 or documents[0].score <= 0:
         return 0.0
     return min(1.0, max(0.0, 1.0 - documents[-1].score / documents[0].score))
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """Signals → probability that every needed passage was read: a logistic model.
-
-    p = 1 / (1 + exp(-(intercept + sum(weight * signal)))). Fitted by `python -m
-    experiments.calibration fit` on one dataset (`fitted_on` says which) and to be judged on
-    another.
-    """
-
-    intercept: float
-    weights: Mapping[str, float]
-    fitted_on: str = ""
-    features: tuple[str, ...] = field(init=False)
-
-    def __post_init__(self) -> None:
-        known = (*WEIGHTS, *MEASURES)
-        unknown = sorted(set(self.weights) - set(known))
-        if unknown:
-            raise ValueError(f"calibration weights for unknown signals {unknown}; use {known}")
-        if not self.weights:
-            raise ValueError("a calibration needs at least one signal weight")
-        object.__setattr__(self, "features", tuple(self.weights))
-
-    @classmethod
-    def from_config(cls, config: Calibration | Mapping[str, object] | None) -> Calibration | None:
-        """A Calibration from its config mapping (intercept, weights, fitted_on); empty: None."""
-        if config is None or isinstance(config, Calibration):
-            return config
-        if not config:
-            return None
-        weights = config.get("weights") or {}
-        if not isinstance(weights, Mapping):
-            raise ValueError("calibration.weights must map signal names to numbers")
-        return cls(
-            intercept=float(str(config.get("intercept", 0.0))),
-            weights={str(k): float(v) for k, v in weights.items()},
-            fitted_on=str(config.get("fitted_on") or ""),
-        )
-
-    def probability(self, signals: Mapping[str, float]) -> float:
-        """The calibrated confidence for one retrieval's signals (all features must be there)."""
-        missing = [name for name in self.features if name not in signals]
-        if missing:
-            raise KeyError(f"the calibration needs signals {missing}, which were not measured")
-        z = self.intercept + sum(w * float(signals[n]) for n, w in self.weights.items())
-        return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
 
 
 class RuleAssessor:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
+from caprag.calibration import DEFAULT_CALIBRATION, Calibration, load_calibration
 from caprag.catalog import Catalog
 from caprag.clock import Clock, MonotonicClock
 from caprag.llm.prompt import format_passages
@@ -16,7 +18,7 @@ from caprag.schemas import CallUsage, Document, Question, RetrievedRef
 from caprag.state import GraphState
 from caprag.steps import Steps
 from caprag.steps.analyze import MAX_NEW_QUERIES, follow_up
-from caprag.steps.assess import NOT_FOUND, Calibration
+from caprag.steps.assess import NOT_FOUND
 from caprag.strategies.base import (
     FollowedContext,
     RetrievalStrategy,
@@ -130,6 +132,24 @@ class SearchClock:
         return result
 
 
+ClockChoice = Literal["searches", "wall"]
+CLOCKS: tuple[ClockChoice, ...] = ("searches", "wall")
+
+
+def clock_factory(
+    clock: ClockChoice | Clock | Callable[[], Clock], seconds_per_search: float = 1.0
+) -> Clock | Callable[[], Clock]:
+    """What `AdaptiveDepthStrategy(clock=...)` keeps: a factory of per-turn clocks for
+    `searches` and `wall`, or the clock or factory given."""
+    if clock == "searches":
+        return functools.partial(SearchClock, seconds_per_search)
+    if clock == "wall":
+        return MonotonicClock
+    if isinstance(clock, str):
+        raise ValueError(f"clock={clock!r}: use one of {', '.join(CLOCKS)}")
+    return clock
+
+
 def fit_tokens(documents: Sequence[Document], max_tokens: int) -> tuple[list[Document], int]:
     """The longest prefix of the ranked documents whose prompt text fits the token budget."""
     kept: list[Document] = []
@@ -171,19 +191,25 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
         max_chunks: int = 50,
         max_context_tokens: int = 10_000,
         timeout_s: float = 5.0,
-        clock: Clock | Callable[[], Clock] | None = None,
-        calibration: Calibration | Mapping[str, object] | None = None,
+        clock: ClockChoice | Clock | Callable[[], Clock] = "searches",
+        seconds_per_search: float = 1.0,
+        calibration: str | Calibration | Mapping[str, object] | None = DEFAULT_CALIBRATION,
     ) -> None:
         super().__init__(retriever, steps, k)
-        self._clock = clock
-        """What the timeout budget reads: one clock for every turn (tests pass one that moves
-        only when told), or a factory called once per turn (the harness's SearchClock); None:
-        the wall clock."""
+        self._clock = clock_factory(clock, seconds_per_search)
+        """What the timeout budget reads: `searches` (a SearchClock per turn: every search after
+        the first costs seconds_per_search, so a turn decides the same on any machine, served or
+        in the harness), `wall` (the monotonic clock), or a clock (tests pass one that moves only
+        when told)."""
         self.turn_clock()  # a clock factory with bad settings fails here, not at a question
-        self.calibration = Calibration.from_config(calibration)
-        """Maps the rule's signals to the confidence compared with the thresholds (None: the
-        weighted heuristic as it is). An LLM self-assessment, which has no signals, is used as
-        the model gives it."""
+        self.calibration = (
+            load_calibration(calibration)
+            if isinstance(calibration, str)
+            else Calibration.from_config(calibration)
+        )
+        """Maps the rule's signals to the confidence compared with the thresholds (a saved
+        calibration by name, `none`: the weighted heuristic as it is). An LLM self-assessment,
+        which has no signals, is used as the model gives it."""
         self.depth_chunks = tuple(int(n) for n in depth_chunks)
         if not 1 <= max_depth <= len(self.depth_chunks):
             raise ValueError(f"max_depth must be 1-{len(self.depth_chunks)} (one per depth_chunks)")
@@ -212,8 +238,14 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
 
     @classmethod
     def served_options(cls, settings: ServedSettings) -> dict[str, Any]:
-        """CAPRAG_DEPTH_CHUNKS: the ladder, every depth of it usable."""
-        return {"depth_chunks": settings.depth_chunks, "max_depth": len(settings.depth_chunks)}
+        """CAPRAG_DEPTH_CHUNKS (the ladder, every depth of it usable), CAPRAG_CALIBRATION and
+        CAPRAG_ADAPTIVE_CLOCK: the same confidence model and notion of time as the harness."""
+        return {
+            "depth_chunks": settings.depth_chunks,
+            "max_depth": len(settings.depth_chunks),
+            "calibration": settings.calibration,
+            "clock": settings.adaptive_clock,
+        }
 
     def max_llm_calls(self) -> dict[str, int]:
         """A classification, and a self-assessment per iteration when confidence is the LLM's
@@ -226,11 +258,9 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
     def turn_clock(self) -> Clock:
         """The clock one turn's timeout reads (a new one when the strategy holds a factory)."""
         clock = self._clock
-        if clock is None:
-            return MonotonicClock()
-        if isinstance(clock, type) or not hasattr(clock, "now"):
-            return clock()
-        return clock  # type: ignore[return-value]
+        if isinstance(clock, Clock) and not isinstance(clock, type):
+            return clock
+        return clock()
 
     def catalog(self) -> Catalog | None:
         """The titles of the passages the retriever searches (read once; see multi-hop)."""

@@ -46,6 +46,21 @@ class ServedSettings(Protocol):
         """Adaptive's ladder: passages per depth (CAPRAG_DEPTH_CHUNKS)."""
         ...
 
+    @property
+    def calibration(self) -> str:
+        """Adaptive's confidence calibration by name (CAPRAG_CALIBRATION)."""
+        ...
+
+    @property
+    def adaptive_clock(self) -> str:
+        """What adaptive's timeout budget reads: searches or wall (CAPRAG_ADAPTIVE_CLOCK)."""
+        ...
+
+    @property
+    def links(self) -> str:
+        """How the corpus links its passages: citations or names (CAPRAG_LINKS)."""
+        ...
+
 
 class DocumentPool:
     """Documents gathered across hops, de-duplicated by hash of content + book, fused by RRF."""
