@@ -81,9 +81,9 @@ CALIBRATIONS = Path(__file__).resolve().parent / "calibrations"
 """The saved calibrations (`NAME.yaml`), shipped with the library: the API and the harness read
 the same files, so a served answer and a harness row use the same confidence model."""
 NO_CALIBRATION = "none"
-DEFAULT_CALIBRATION = "hotpotqa-pooled"
-"""Fitted on HotpotQA (pooled), judged on the bundled rulebooks: the served default and the
-curated datasets' choice (a calibration is used on data it was not fitted on)."""
+DEFAULT_CALIBRATION = "benchmarks"
+"""Fitted on the public benchmarks (HotpotQA and SQuAD, pooled), judged on the bundled rulebooks:
+the served default and the curated datasets' choice (used on data it was not fitted on)."""
 
 
 def calibration_names() -> list[str]:

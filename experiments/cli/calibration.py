@@ -35,6 +35,21 @@ from experiments.scoring.calibration import (
 
 
 def collect(overrides: Sequence[str]) -> tuple[str, pd.DataFrame]:
+    """`collect_one` for each dataset named (`dataset=a dataset=b` gathers both, e.g. to fit on
+    every public benchmark), concatenated; the name joins theirs with '+'."""
+    datasets = [o for o in overrides if o.startswith("dataset=")]
+    rest = [o for o in overrides if not o.startswith("dataset=")]
+    if len(datasets) <= 1:
+        return collect_one(list(overrides))
+    names, frames = [], []
+    for chosen in datasets:
+        name, frame = collect_one([chosen, *rest])
+        names.append(name)
+        frames.append(frame)
+    return "+".join(names), pd.concat(frames, ignore_index=True)
+
+
+def collect_one(overrides: Sequence[str]) -> tuple[str, pd.DataFrame]:
     """The dataset the Hydra overrides choose, each answerable question asked of adaptive with
     no confidence enough (so it goes through every depth) and no calibration: its name and one
     row per (question, round) with the signals and whether every gold passage was read."""
