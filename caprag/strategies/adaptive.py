@@ -316,8 +316,8 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
                 else:
                     room = max(0, n - len(context))
                     share = -(-room // len(found)) if found else 0  # ceil: room split per query
-                    for result in found:
-                        refs += gathered.add_follow_up(result.context, share)
+                    for index, result in enumerate(found):
+                        refs += gathered.add_follow_up(result.context, share, index)
                 hop.documents = refs
                 hop.new_documents = sum(r.new for r in refs)
                 hop.duplicate_documents = sum(not r.new for r in refs)

@@ -70,8 +70,9 @@ class DocumentPool:
         self._fused: dict[str, float] = {}
         self._first_seen: dict[str, int] = {}
 
-    def add(self, ranked: Sequence[Document]) -> list[RetrievedRef]:
-        """Merge one query's ranked results; report each as new or duplicate."""
+    def add(self, ranked: Sequence[Document], query: int = 0) -> list[RetrievedRef]:
+        """Merge one query's ranked results (`query`: its index in the hop); report each as new
+        or duplicate."""
         refs: list[RetrievedRef] = []
         for rank, doc in enumerate(ranked, start=1):
             key = doc.content_hash
@@ -89,6 +90,7 @@ class DocumentPool:
                     page=doc.page,
                     score=doc.score,
                     new=new,
+                    query=query,
                 )
             )
         return refs
@@ -120,14 +122,16 @@ class FollowedContext:
         self.read: set[str] = set()
         """Ids of every passage read so far (handed on or not)."""
 
-    def add_first(self, ranked: list[Document]) -> list[RetrievedRef]:
+    def add_first(self, ranked: list[Document], query: int = 0) -> list[RetrievedRef]:
         """Merge one first-hop query's ranking (the question, its expansion: fused by RRF)."""
-        refs = self.first.add(ranked)
+        refs = self.first.add(ranked, query)
         self._seen.update(doc.content_hash for doc in ranked)
         self.read.update(doc.passage_id for doc in ranked)
         return refs
 
-    def add_follow_up(self, ranked: list[Document], keep: int) -> list[RetrievedRef]:
+    def add_follow_up(
+        self, ranked: list[Document], keep: int, query: int = 0
+    ) -> list[RetrievedRef]:
         """Read a follow-up query's ranking down to its `keep` best passages not seen yet; those
         join the context (while there is room). The refs are what was read: the passages seen
         before (duplicates) and the new ones kept."""
@@ -145,6 +149,7 @@ class FollowedContext:
                     page=doc.page,
                     score=doc.score,
                     new=new,
+                    query=query,
                 )
             )
             if new:

@@ -92,11 +92,11 @@ class MultiHopStrategy(RetrievalStrategy):
             searched += queries
             questions += found
             refs: list[RetrievedRef] = []
-            for question in found:
+            for index, question in enumerate(found):
                 if number == 1:
-                    refs += context.add_first(question.context)
+                    refs += context.add_first(question.context, index)
                 else:
-                    refs += context.add_follow_up(question.context, self.follow_k)
+                    refs += context.add_follow_up(question.context, self.follow_k, index)
             hop = HopTrace(
                 hop=number,
                 queries=queries,
