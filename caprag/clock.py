@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, runtime_checkable
 
 T = TypeVar("T")
 
 
+@runtime_checkable
 class Clock(Protocol):
     """What a time budget reads: the time now, and a wait bounded by a number of seconds."""
 

@@ -16,6 +16,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from caprag.calibration import DEFAULT_CALIBRATION
 from caprag.errors import ConfigError, MissingAPIKeyError
 from caprag.plugins import load_plugins
 from caprag.roles import ROLES
@@ -177,6 +178,24 @@ class SettingsFields(BaseSettings):
         validation_alias=AliasChoices("CAPRAG_DEPTH_CHUNKS", "depth_chunks"),
         description="Adaptive ladder: passages per depth, comma-separated (e.g. 5,15,30).",
     )
+    calibration: str = Field(
+        DEFAULT_CALIBRATION,
+        validation_alias=AliasChoices("CAPRAG_CALIBRATION", "calibration"),
+        description="Adaptive's confidence model: a saved calibration by name (caprag/"
+        "calibrations/), or none for the weighted heuristic; the harness uses the same files.",
+    )
+    adaptive_clock: Literal["searches", "wall"] = Field(
+        "searches",
+        validation_alias=AliasChoices("CAPRAG_ADAPTIVE_CLOCK", "adaptive_clock"),
+        description="What adaptive's timeout budget counts: searches (each deeper search costs "
+        "1 s, as in the harness, so a turn decides the same on any machine) or wall seconds.",
+    )
+    links: Literal["citations", "names"] = Field(
+        "citations",
+        validation_alias=AliasChoices("CAPRAG_LINKS", "links"),
+        description="How the corpus links its passages, which the rule steps follow: citations "
+        "('(Combat, p. 41)', the bundled books) or names (another passage's title).",
+    )
     decision_log: Path | Literal["off"] = Field(
         Path(".caprag/decisions.db"),
         validation_alias=AliasChoices("CAPRAG_DECISION_LOG", "decision_log"),
@@ -223,6 +242,15 @@ class SettingsFields(BaseSettings):
             if not all(p.isdigit() and int(p) > 0 for p in parts):
                 raise ValueError("expected 1 to 3 positive whole numbers such as 5,15,30")
             return [int(p) for p in parts]
+        return value
+
+    @field_validator("calibration")
+    @classmethod
+    def _known_calibration(cls, value: str) -> str:
+        from caprag.calibration import calibration_names
+
+        if value not in calibration_names():
+            raise ValueError(f"use one of {', '.join(calibration_names())}")
         return value
 
     @field_validator("chroma_url")

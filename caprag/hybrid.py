@@ -6,6 +6,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from caprag.books import Book
+from caprag.catalog import Cataloged
 from caprag.lexical import BM25Index
 from caprag.schemas import Document
 from caprag.store import IngestReport, PassageIndex
@@ -41,6 +42,11 @@ class FusedRetriever:
         """Top-k fused passages; each ranking is max(4k, MIN_DEPTH) deep."""
         depth = max(k * 4, MIN_DEPTH)
         return fuse([r.search(query, depth) for r in self.retrievers], k, self.rrf_k)
+
+    def parents(self) -> dict[str, Document]:
+        """Every passage the fused retrievers search (they search the same ones)."""
+        first = self.retrievers[0]
+        return dict(first.parents()) if isinstance(first, Cataloged) else {}
 
 
 class HybridIndex(FusedRetriever):

@@ -122,3 +122,4 @@ class RetrievedRef(BaseModel):
     page: int
     score: float
     new: bool = Field(description="False when an earlier hop already returned it.")
+    query: int = Field(default=0, description="Which of the hop's queries returned it (index).")

@@ -155,6 +155,7 @@ def steps_from_settings(settings: Settings) -> Steps:
         rewrite_client=rewrite_client,
         price_model=settings.price_model,
         choices={role: getattr(settings, role) for role in ROLES},
+        links=settings.links,
     )
 
 

@@ -402,6 +402,8 @@ class ScopedSearch(Protocol):
 
     def _search(self, query: str, k: int, within: Sequence[str] | None) -> list[Document]: ...
 
+    def parents(self) -> dict[str, Document]: ...
+
 
 class RestrictedIndex:
     """A view of a PassageIndex whose searches only return a fixed set of parent passages.
@@ -418,3 +420,8 @@ class RestrictedIndex:
     def search(self, query: str, k: int) -> list[Document]:
         """Top-k of the allowed passages; a citation still narrows to its book within them."""
         return self.index._search(query, k, self.passage_ids)
+
+    def parents(self) -> dict[str, Document]:
+        """The allowed passages by id."""
+        everything = self.index.parents()
+        return {pid: everything[pid] for pid in self.passage_ids if pid in everything}

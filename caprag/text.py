@@ -67,6 +67,68 @@ def entities(text: str) -> list[str]:
     return seen
 
 
+NAME_PIECE = re.compile(r"[A-Za-z][A-Za-z'’-]*\.?|\d+|[^\sA-Za-z\d]")
+"""Words (with inner apostrophes and hyphens, an initial's period), numbers and single marks."""
+NAME_CONNECTORS = frozenset({"of", "the", "de", "da", "von", "van", "du", "del", "la", "le", "for"})
+"""Lower-case words inside a name ('Battle of Arras', 'Ludwig van Beethoven')."""
+CALENDAR = frozenset(
+    """january february march april may june july august september october november december
+    monday tuesday wednesday thursday friday saturday sunday""".split()
+)
+MAX_NAME_CHARS = 80
+
+
+def names(sentence: str) -> list[str]:
+    """The proper names of one sentence, as a reader would underline them.
+
+    A name is a run of capitalised words (lower-case connectors such as 'of' or 'van' inside it,
+    numbers after it: 'Battle of Arras', 'Super Bowl 50'); any punctuation mark but an apostrophe,
+    a hyphen or an initial's period ends it, so a list ('Bohemia, Sayville and Oakdale') gives one
+    name per item. Not names: a lone capitalised word that opens the sentence (every sentence
+    starts with a capital), phrases made only of stop words or calendar words ('March 1931'), and
+    anything shorter than 3 or longer than MAX_NAME_CHARS characters.
+    """
+    pieces = NAME_PIECE.findall(sentence)
+    runs: list[list[tuple[str, bool]]] = []
+    current: list[tuple[str, bool]] = []
+    opening = True
+    for index, piece in enumerate(pieces):
+        word = piece[0].isalpha()
+        after = pieces[index + 1] if index + 1 < len(pieces) else ""
+        if word and piece[0].isupper():
+            current.append((piece, opening))
+        elif current and (
+            piece.isdigit() or (word and piece.lower() in NAME_CONNECTORS and after[:1].isupper())
+        ):
+            current.append((piece, False))
+        else:
+            if current:
+                runs.append(current)
+            current = []
+        if word or piece.isdigit():
+            opening = False
+    if current:
+        runs.append(current)
+    found: list[str] = []
+    for run in runs:
+        words = [piece for piece, _ in run]
+        opens = run[0][1]
+        while words and words[0].lower() in STOPWORDS | NAME_CONNECTORS:
+            words, opens = words[1:], False
+        while words and words[-1].lower() in NAME_CONNECTORS:
+            words = words[:-1]
+        letters = [w for w in words if w[0].isalpha()]
+        if not letters or (opens and len(words) == 1):
+            continue
+        if all(w.lower().rstrip(".") in CALENDAR | STOPWORDS for w in letters):
+            continue
+        name = " ".join(words).rstrip(".")
+        name = name.removesuffix("'s").removesuffix("’s")
+        if 3 <= len(name) <= MAX_NAME_CHARS and name not in found:
+            found.append(name)
+    return found
+
+
 SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z(\"'])")
 
 

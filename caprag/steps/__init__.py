@@ -11,12 +11,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from caprag.catalog import Catalog
 from caprag.errors import ConfigError
 from caprag.llm.client import StructuredClient
 from caprag.llm.prompt import History, Prompt
 from caprag.roles import ROLES
 from caprag.schemas import Document
-from caprag.steps.analyze import ANALYZE, LLMAnalyzer, RuleAnalyzer, SufficiencyDecision
+from caprag.steps.analyze import (
+    ANALYZE,
+    Links,
+    LLMAnalyzer,
+    RuleAnalyzer,
+    SufficiencyDecision,
+)
 from caprag.steps.assess import ASSESS, ConfidenceAssessment, LLMAssessor, RuleAssessor
 from caprag.steps.base import KINDS, StepResult
 from caprag.steps.classify import CLASSIFY, LLMClassifier, QueryClass, RuleClassifier
@@ -50,7 +57,11 @@ class Expander(Step, Protocol):
 
 class Analyzer(Step, Protocol):
     async def __call__(
-        self, question: str, documents: Sequence[Document], searched: Sequence[str]
+        self,
+        question: str,
+        documents: Sequence[Document],
+        searched: Sequence[str],
+        catalog: Catalog | None = None,
     ) -> StepResult[SufficiencyDecision]: ...
 
 
@@ -70,7 +81,7 @@ class Classifier(Step, Protocol):
 
 class Assessor(Step, Protocol):
     async def __call__(
-        self, question: str, documents: Sequence[Document]
+        self, question: str, documents: Sequence[Document], catalog: Catalog | None = None
     ) -> StepResult[ConfidenceAssessment]: ...
 
 
@@ -112,11 +123,15 @@ def build_steps(
     rewrite_client: StructuredClient | None = None,
     price_model: str = "gpt-4o-mini",
     choices: Mapping[str, str] | None = None,
+    links: Links = "citations",
 ) -> Steps:
     """Steps chosen per role (`choices`: role → auto | rule | llm; missing roles are auto).
 
     `client` runs the LLM steps, `rewrite_client` (default `client`) the rewrite; rule steps are
     costed at `price_model`. Choosing `llm` for a role without a client is a ConfigError.
+    `links`: how the corpus links its passages, which the rule analyzer follows: `citations`
+    (as the bundled books cite, '(Combat, p. 41)') or `names` (a name that is another passage's
+    title, as in encyclopaedic text): a property of the corpus, chosen per dataset.
     """
     chosen = dict(choices or {})
     unknown = sorted(set(chosen) - set(ROLES))
@@ -141,17 +156,17 @@ def build_steps(
 
     return Steps(
         expand=pick("expander", RuleExpander(price_model), LLMExpander),
-        analyze=pick("analyzer", RuleAnalyzer(price_model), LLMAnalyzer),
+        analyze=pick("analyzer", RuleAnalyzer(price_model, links=links), LLMAnalyzer),
         generate=pick("generator", RuleGenerator(price_model), LLMGenerator),
         rewrite=pick("rewriter", RuleRewriter(price_model), LLMRewriter, rewrite_client or client),
         classify=pick("classifier", RuleClassifier(price_model), LLMClassifier),
-        assess=pick("confidence", RuleAssessor(), LLMAssessor),
+        assess=pick("confidence", RuleAssessor(links), LLMAssessor),
     )
 
 
-def rule_steps(price_model: str = "gpt-4o-mini") -> Steps:
+def rule_steps(price_model: str = "gpt-4o-mini", links: Links = "citations") -> Steps:
     """Every step by its rule: the offline baseline (no model, no key, no network)."""
-    return build_steps(None, price_model=price_model)
+    return build_steps(None, price_model=price_model, links=links)
 
 
 def prompt_versions() -> dict[str, str]:

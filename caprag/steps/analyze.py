@@ -1,30 +1,34 @@
 """Step `analyze` (multi-hop): do the gathered passages answer the question, what to search next.
 
-Rule: a pure function (`decide`), testable alone. 1. When one gathered passage covers the
-question (misses fewer than 2 or 25 % of its terms) it answers it: sufficient, unless the sentence
-that answers defers to a pointer not gathered yet (then only that pointer). 2. Otherwise follow
-unresolved cross-references of the passages the question is about (all of them when most of the
-question is missing, else those cited in a sentence about the question); in passages that cite
-nothing, the names they mention but the question does not; in text with no citations at all,
-else uncovered question terms. LLM: the ANALYZE prompt (unchanged). Both are held to the same
-contract: at most `max_queries` new queries per hop (an LLM reply with more is cut, and the cut is
-noted on the call). If the LLM's reply never parses, the analysis says sufficient (multi-hop stops
-with what it has) and the call is recorded with its error.
+Rule: a pure function (`decide`), testable alone. 1. When no gathered passage is about the
+question, there is nothing to follow: stop. 2. When one gathered passage covers the question
+(misses fewer than 2 or 25 % of its terms) it answers it: sufficient, unless the sentence that
+answers defers to a citation not gathered yet (then only that citation). 3. Otherwise follow, in
+one hop, the unresolved citations of the passages the question is about (a rulebook option,
+`citations`: all of them when most of the question is missing, else those cited in a sentence
+about the question) and the bridge names those passages mention that the corpus has a passage
+about (`bridge_names`: names linked to the index's catalog of titles), each as the question with
+the name. LLM: the ANALYZE prompt. Both are held to the same contract: at most `max_queries` new
+queries per hop (an LLM reply with more is cut, and the cut is noted on the call). If the LLM's
+reply never parses, the analysis says sufficient (multi-hop stops with what it has) and the call
+is recorded with its error.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from caprag.catalog import Catalog
 from caprag.llm.client import StepFailedError, StructuredClient
 from caprag.llm.prompt import Prompt, format_passages
 from caprag.schemas import MAX_QUERIES, MAX_QUERY_CHARS, Document
 from caprag.steps.base import RuleStep, StepResult, fit
 from caprag.steps.expand import cap
-from caprag.text import Reference, entities, references, sentences, terms
+from caprag.text import Reference, names, references, sentences, terms
 
 ANALYZE = Prompt(
     name="analyze",
@@ -72,10 +76,14 @@ class SufficiencyDecision(BaseModel):
 
 MAX_NEW_QUERIES = 3
 FOLLOW_FROM_TOP = 2
-MIN_UNCOVERED_SHARE = 0.3
-MIN_UNCOVERED_TERMS = 2
-MAX_BRIDGES = 2
-"""Bridge names followed per hop: each costs a passage of the fixed budget k."""
+Links = Literal["citations", "names"]
+LINKS: tuple[Links, ...] = ("citations", "names")
+"""How a corpus links its passages: by citations written in the text (the rulebooks) or by
+naming what another passage is about (encyclopaedic articles)."""
+ABOUT_MIN_TERMS = 2
+ABOUT_MIN_SHARE = 0.25
+"""A gathered passage is about the question when it holds at least this many of its terms and
+this share of them; when none is, nothing is followed (see `about_nothing`)."""
 MISSING_MIN_TERMS = 2
 MISSING_MIN_SHARE = 0.25
 """A question has a missing part when the passage that covers most of it leaves out at least
@@ -118,8 +126,11 @@ def _cited(doc: Document) -> list[tuple[Reference, set[str]]]:
     return found
 
 
-def unresolved_references(question: str, documents: Sequence[Document]) -> list[Reference]:
-    """References to follow, best first.
+def unresolved_references(
+    question: str, documents: Sequence[Document], read: Sequence[Document] = ()
+) -> list[Reference]:
+    """References to follow, best first (`read`: passages read earlier that are not among the
+    documents; a reference they resolve is not followed again).
 
     1. The passages the question is about (most of its terms) are the sources; every unresolved
        reference they make is a candidate, ranked by how much its sentence shares with the question.
@@ -131,9 +142,10 @@ def unresolved_references(question: str, documents: Sequence[Document]) -> list[
     sources = [doc for doc in ranked[:FOLLOW_FROM_TOP] if relevance(wanted, doc) > 0]
     candidates: list[tuple[int, int, Reference]] = []
     chained: list[Document] = []
+    known = [*documents, *(doc for doc in read if doc not in documents)]
     for doc in sources:
         for reference, words in _cited(doc):
-            targets = [d for d in documents if is_resolved(reference, [d])]
+            targets = [d for d in known if is_resolved(reference, [d])]
             if targets:
                 chained += [t for t in targets if t not in sources and t not in chained]
             else:
@@ -141,7 +153,7 @@ def unresolved_references(question: str, documents: Sequence[Document]) -> list[
     for doc in chained:
         for reference, words in _cited(doc):
             shared = len(wanted & words)
-            if shared and not is_resolved(reference, documents):
+            if shared and not is_resolved(reference, known):
                 candidates.append((1, -shared, reference))
     found: list[Reference] = []
     for _tier, _shared, reference in sorted(candidates, key=lambda c: (c[0], c[1])):
@@ -169,20 +181,26 @@ def missing_part(question: str, documents: Sequence[Document]) -> list[str]:
     return [t for t in dict.fromkeys(terms(question)) if t not in words]
 
 
-def answer_pointers(question: str, documents: Sequence[Document]) -> list[Reference]:
-    """Unresolved pointers in the sentence of the covering passage that shares the most terms
-    with the question: the answer itself is qualified elsewhere ('a penalty of 4, modified by Old
-    Soldier (Gifts, p. 7)'), so the covering passage alone does not answer."""
+def answering_sentences(question: str, documents: Sequence[Document]) -> list[str]:
+    """The sentences of the covering passage that share the most terms with the question."""
     best = covering_passage(question, documents)
     if best is None:
         return []
     wanted = set(terms(question))
     cited = [(len(wanted & set(terms(s))), s) for s in sentences(best.text)]
     top = max((shared for shared, _ in cited), default=0)
+    return [sentence for shared, sentence in cited if shared == top and top > 0]
+
+
+def answer_pointers(
+    question: str, documents: Sequence[Document], read: Sequence[Document] = ()
+) -> list[Reference]:
+    """Unresolved citations in the answering sentence of the covering passage: the answer itself
+    is qualified elsewhere ('a penalty of 4, modified by Old Soldier (Gifts, p. 7)'), so the
+    covering passage alone does not answer."""
     found: list[Reference] = []
-    for shared, sentence in cited:
-        if shared == top and top > 0:
-            found += [r for r in references(sentence) if not is_resolved(r, documents)]
+    for sentence in answering_sentences(question, documents):
+        found += [r for r in references(sentence) if not is_resolved(r, [*documents, *read])]
     return list(dict.fromkeys(found))
 
 
@@ -206,41 +224,6 @@ def pointer_is_relevant(question: str, reference: Reference, documents: Sequence
     return False
 
 
-def _title(section: str) -> str:
-    """A section heading without its disambiguation ('Wale (rapper)' → 'wale')."""
-    return section.split(" (")[0].strip().lower()
-
-
-def bridge_entities(question: str, documents: Sequence[Document]) -> list[str]:
-    """Names that the passages the question is about mention and the question does not, and
-    that no gathered passage is titled: the bridge to what the first hop could not find. Only when
-    the best of those passages leaves question terms uncovered (it does not answer alone).
-
-    Ranked like references: names in sentences sharing more terms with the question first.
-    """
-    wanted = set(terms(question))
-    asked = question.lower()
-    ranked = sorted(documents, key=lambda d: (-relevance(wanted, d), -d.score, d.passage_id))
-    sources = [doc for doc in ranked[:FOLLOW_FROM_TOP] if relevance(wanted, doc) > 0]
-    if not sources:
-        return []
-    best = sources[0]
-    beyond = wanted - set(terms(best.text)) - set(terms(best.section))
-    if not beyond:
-        return []  # the passage the question is about covers it: nothing to bridge to
-    titled = {_title(doc.section) for doc in documents}
-    candidates: list[tuple[int, int, str]] = []
-    for doc in sources:
-        for sentence in sentences(doc.text):
-            shared = len(wanted & set(terms(sentence)))
-            for name in entities(sentence):
-                key = name.lower()
-                if len(key) < 3 or key in asked or key in titled or _title(doc.section) in key:
-                    continue
-                candidates.append((-shared, len(candidates), name))
-    return list(dict.fromkeys(name for _s, _o, name in sorted(candidates)))
-
-
 def uncovered_terms(question: str, documents: Sequence[Document]) -> list[str]:
     """Question terms that no gathered passage contains."""
     covered: set[str] = set()
@@ -250,29 +233,140 @@ def uncovered_terms(question: str, documents: Sequence[Document]) -> list[str]:
     return [t for t in dict.fromkeys(terms(question)) if t not in covered]
 
 
+def sources_of(question: str, documents: Sequence[Document]) -> list[Document]:
+    """The passages the question is about: the FOLLOW_FROM_TOP that hold the most of its terms."""
+    wanted = set(terms(question))
+    ranked = sorted(documents, key=lambda d: (-relevance(wanted, d), -d.score, d.passage_id))
+    return [doc for doc in ranked[:FOLLOW_FROM_TOP] if relevance(wanted, doc) > 0]
+
+
+def linked_names(
+    question: str,
+    ranked: Sequence[tuple[int, str]],
+    documents: Sequence[Document],
+    catalog: Catalog | None,
+) -> list[str]:
+    """The names of the sentences (each with its rank) that the question does not name and the
+    catalog links to a passage not gathered yet, in the sentences' order."""
+    if catalog is None:
+        return []
+    wanted = set(terms(question))
+    asked = question.lower()
+    gathered = {doc.passage_id for doc in documents}
+    candidates: list[tuple[int, int, str]] = []
+    for rank, sentence in ranked:
+        for found in names(sentence):
+            for name in (found, found.partition(" ")[2]):  # 'See Rapid Strike' opens a line
+                linked = catalog.passages(name) if name else []
+                if not linked or name.lower() in asked or set(terms(name)) <= wanted:
+                    continue
+                if not set(linked) <= gathered:  # already read: nothing to bridge to
+                    candidates.append((rank, len(candidates), name))
+                break
+    return list(dict.fromkeys(name for *_order, name in sorted(candidates)))
+
+
+def bridge_names(
+    question: str, documents: Sequence[Document], catalog: Catalog | None
+) -> list[str]:
+    """Names the passages the question is about mention, the question does not, and the corpus
+    has a passage about that was not gathered yet: the bridge to what the first search could not
+    reach ('the woman who portrayed Corliss Archer' -> 'Shirley Temple').
+
+    Names are read as `caprag.text.names` reads them and linked to the catalog of titles; a name
+    the corpus has no passage about leads nowhere and is not followed. Ranked by how many terms
+    the sentence naming it shares with the question, then by the passage's rank.
+    """
+    wanted = set(terms(question))
+    ranked: list[tuple[int, int, str]] = []
+    for rank, doc in enumerate(sources_of(question, documents)):
+        for sentence in sentences(doc.text):
+            shared = len(wanted & set(terms(sentence)))
+            if shared:
+                ranked.append((-shared, rank, sentence))
+    ordered = [(position, s) for position, (*_key, s) in enumerate(sorted(ranked))]
+    return linked_names(question, ordered, documents, catalog)
+
+
+def question_names(question: str, catalog: Catalog | None) -> list[str]:
+    """Names the question itself gives that the corpus has a passage about, not read yet: a
+    question that names two things ('DC Talk or Manchester Orchestra?', 'Rapid Strike with Old
+    Soldier') needs each one's passage, and one search for the whole question may find only the
+    first."""
+    if catalog is None:
+        return []
+    found: list[str] = []
+    for sentence in sentences(question) or [question]:
+        for name in names(f"x {sentence}"):  # no name opens the sentence: 'x' does
+            if catalog.passages(name) and name not in found:
+                found.append(name)
+    return found
+
+
+def answer_bridges(
+    question: str, documents: Sequence[Document], catalog: Catalog | None
+) -> list[str]:
+    """Linked names in the answering sentence of the covering passage: it covers the question's
+    words, but the fact it gives is about another passage of the corpus ('born in Hoosick,
+    Rensselaer County' with a passage on Hoosick)."""
+    ranked = list(enumerate(answering_sentences(question, documents)))
+    return linked_names(question, ranked, documents, catalog)
+
+
+def about_nothing(question: str, documents: Sequence[Document]) -> bool:
+    """No gathered passage holds more than one of the question's terms (or a share below
+    ABOUT_MIN_SHARE of them): retrieval found nothing the question is about, so following what
+    those passages mention cannot lead to an answer (an unanswerable question stops here)."""
+    wanted = set(terms(question))
+    best = covering_passage(question, documents)
+    if not wanted or best is None:
+        return True
+    held = len(wanted & (set(terms(best.text)) | set(terms(best.section))))
+    return held < ABOUT_MIN_TERMS or held / len(wanted) < ABOUT_MIN_SHARE
+
+
+def follow_up(question: str, target: str) -> str:
+    """A follow-up query keeps the question's context: the question with the name or reference
+    it follows (a name alone finds passages that mention it for any reason)."""
+    return f"{question} {target}"
+
+
 def decide(
     question: str,
     documents: Sequence[Document],
     searched: Sequence[str] = (),
     notes: list[str] | None = None,
+    *,
+    catalog: Catalog | None = None,
+    links: Links = "citations",
 ) -> SufficiencyDecision:
-    """Offline decision: stop when a passage covers the question (and its answering sentence
-    defers to nothing); else follow the unresolved references the question needs; in passages
-    that cite nothing, follow the names they mention but the question does not (a bridge); in
-    text without citations, else search uncovered terms.
+    """Offline decision: stop when nothing gathered is about the question, or when a passage
+    covers it (and its answering sentence defers to nothing); else follow, in one hop, the
+    unresolved citations the question needs (`citations`: a corpus that cites like the
+    rulebooks, '(Combat, p. 41)') or the bridge names the catalog links to a passage, as
+    `links` says the corpus links its passages.
 
     However long the question, every query and the reasoning stay within the schema's bounds:
     what is cut is said in `notes`."""
     asked = {q.strip().lower() for q in searched}
     queries: list[str] = []
     reasons: list[str] = []
-    # 1. A passage that covers (nearly) the whole question answers it: stop after this hop.
+    read = catalog.read_documents() if catalog is not None else []
+    # 1. Nothing retrieved is about the question: there is no thread to follow.
+    if about_nothing(question, documents):
+        reasoning = "no gathered passage is about the question: nothing to follow"
+        return SufficiencyDecision(sufficient=False, new_queries=[], reasoning=reasoning)
+    # 2. A passage that covers (nearly) the whole question answers it: stop after this hop.
     gap = missing_part(question, documents)
     if not has_missing_part(question, gap, MISSING_MIN_TERMS, MISSING_MIN_SHARE):
-        pointers = [r.query() for r in answer_pointers(question, documents)]
+        if links == "citations":
+            pointers = [r.query() for r in answer_pointers(question, documents, read)]
+        else:
+            names_ = answer_bridges(question, documents, catalog)
+            pointers = [follow_up(question, name) for name in names_]
         pointers = [q for q in pointers if q.lower() not in asked][:MAX_NEW_QUERIES]
         if pointers:
-            reasoning = "the answering sentence defers to: " + ", ".join(pointers)
+            reasoning = "the answering sentence points to: " + ", ".join(pointers)
         else:
             reasoning = "the passage the question is about covers it" + (
                 f" (all but: {', '.join(gap)})" if gap else ""
@@ -282,8 +376,8 @@ def decide(
         return SufficiencyDecision(
             sufficient=not pointers, new_queries=pointers, reasoning=reasoning
         )
-    # 2. Pointers the question needs: all when most of it is missing, else those cited about it.
-    refs = unresolved_references(question, documents)
+    # 3. Citations the question needs: all when most of it is missing, else those cited about it.
+    refs = unresolved_references(question, documents, read) if links == "citations" else []
     if not has_missing_part(question, gap, MOSTLY_MISSING_TERMS, MOSTLY_MISSING_SHARE):
         refs = [r for r in refs if pointer_is_relevant(question, r, documents)]
     for reference in refs:
@@ -294,26 +388,17 @@ def decide(
         reasons.append(
             "unresolved references: " + ", ".join(r.query() for r in refs[:MAX_NEW_QUERIES])
         )
-    # 3. A corpus that writes its cross-references as citations is followed by them alone; text
-    # without any (encyclopaedic articles) is followed by the names it mentions, else by the
-    # question terms no passage contains.
-    cites = any(references(doc.text) for doc in documents)
-    bridges = [] if cites else bridge_entities(question, documents)
-    bridges = [b for b in bridges if b.lower() not in asked][:MAX_BRIDGES]
+    # 4. Names the passages mention that the corpus has a passage about (several in one hop).
+    linked = bridge_names(question, documents, catalog) if links == "names" else []
+    bridges = [name for name in linked if follow_up(question, name).lower() not in asked][
+        : max(0, MAX_NEW_QUERIES - len(queries))
+    ]
     if bridges:
-        reasons.append("named by the passages but not gathered: " + ", ".join(bridges))
-        queries += [b for b in bridges if b not in queries]
-    missing = uncovered_terms(question, documents)
-    share = len(missing) / max(len(set(terms(question))), 1)
-    wide = len(missing) >= MIN_UNCOVERED_TERMS and share >= MIN_UNCOVERED_SHARE
-    if not cites and not bridges and wide:
-        reasons.append("question terms not covered: " + ", ".join(missing))
-        query = fit(" ".join(missing), MAX_QUERY_CHARS, "the query of uncovered terms", notes)
-        if query.lower() not in asked and query not in queries:
-            queries.append(query)
+        reasons.append("named by the passages, not gathered yet: " + ", ".join(bridges))
+        queries += [follow_up(question, name) for name in bridges]
     queries = [fit(q, MAX_QUERY_CHARS, "a query", notes) for q in queries[:MAX_NEW_QUERIES]]
     if not queries:
-        reasons.append("nothing left to search: every reference is resolved or already searched")
+        reasons.append("nothing left to follow: every reference is resolved or already searched")
     reasoning = fit("; ".join(reasons), MAX_REASONING_CHARS, "the reasoning", notes)
     return SufficiencyDecision(sufficient=not queries, new_queries=queries, reasoning=reasoning)
 
@@ -331,16 +416,28 @@ def prompt_values(
 
 
 class RuleAnalyzer(RuleStep):
-    """The sufficiency rule (`decide`)."""
+    """The sufficiency rule (`decide`). `links`: how the corpus links its passages, a property of
+    the corpus chosen per dataset: `citations` (the bundled rulebooks: '(Combat, p. 41)') or
+    `names` (encyclopaedic text: a name that is another passage's title)."""
 
     max_queries = MAX_NEW_QUERIES
 
+    def __init__(self, price_model: str = "gpt-4o-mini", *, links: Links = "citations") -> None:
+        super().__init__(price_model)
+        if links not in LINKS:
+            raise ValueError(f"links={links!r}: use one of {', '.join(LINKS)}")
+        self.links = links
+
     async def __call__(
-        self, question: str, documents: Sequence[Document], searched: Sequence[str]
+        self,
+        question: str,
+        documents: Sequence[Document],
+        searched: Sequence[str],
+        catalog: Catalog | None = None,
     ) -> StepResult[SufficiencyDecision]:
         t0 = time.perf_counter()
         notes: list[str] = []
-        decision = decide(question, documents, searched, notes)
+        decision = decide(question, documents, searched, notes, catalog=catalog, links=self.links)
         values = prompt_values(question, documents, searched, self.max_queries)
         out = decision.model_dump_json()
         result = self.costed("analyze", ANALYZE, decision, out, t0, **values)
@@ -359,8 +456,13 @@ class LLMAnalyzer:
         self.max_queries = max_queries
 
     async def __call__(
-        self, question: str, documents: Sequence[Document], searched: Sequence[str]
+        self,
+        question: str,
+        documents: Sequence[Document],
+        searched: Sequence[str],
+        catalog: Catalog | None = None,
     ) -> StepResult[SufficiencyDecision]:
+        """The model reads the passages itself (`catalog` is for the rule)."""
         values = prompt_values(question, documents, searched, self.max_queries)
         try:
             decision, usage = await self.client.structured(

@@ -33,15 +33,17 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
+from caprag.catalog import Catalog
 from caprag.llm.client import StepFailedError, StructuredClient
 from caprag.llm.prompt import Prompt, format_passages
 from caprag.schemas import MAX_QUERIES, Document
 from caprag.steps import analyze as analyzer
+from caprag.steps.analyze import Links
 from caprag.steps.base import StepResult
 from caprag.text import terms
 
@@ -80,6 +82,8 @@ MEASURES = ("coverage", "open_references", "margin", "log_passages")
 DIVERSE_BOOKS = 3
 UNRESOLVED_PENALTY = 0.25
 MAX_OPEN_REFERENCES = 3
+NOT_FOUND = "not found: "
+"""The missing-info item listing the question's terms no passage holds (not a query)."""
 
 
 @dataclass(frozen=True)
@@ -115,7 +119,7 @@ class ConfidenceSignals:
         """Unresolved references first, then the uncovered question terms."""
         missing = list(self.unresolved)
         if self.uncovered:
-            missing.append("not found: " + ", ".join(self.uncovered))
+            missing.append(NOT_FOUND + ", ".join(self.uncovered))
         return missing[:MAX_QUERIES]
 
     def assessment(self) -> ConfidenceAssessment:
@@ -147,15 +151,36 @@ def _section_key(doc: Document) -> tuple[str, str]:
     return ((doc.book_short or doc.book_id).lower(), doc.section.strip().lower())
 
 
-def heuristic_confidence(question: str, documents: Sequence[Document]) -> ConfidenceSignals:
-    """Score the documents against the question; no documents (or no content terms) score 0."""
+def heuristic_confidence(
+    question: str,
+    documents: Sequence[Document],
+    *,
+    catalog: Catalog | None = None,
+    links: Links = "citations",
+) -> ConfidenceSignals:
+    """Score the documents against the question; no documents (or no content terms) score 0.
+
+    What is unresolved is what the corpus links to and was not read yet, as the analyzer would
+    follow it (`links`): the citations of the passages the question is about, or the names they
+    mention that the catalog has a passage about (each as a follow-up query)."""
     wanted = set(terms(question))
     if not documents or not wanted:
         missing = tuple(dict.fromkeys(terms(question)))
         return ConfidenceSignals(0.0, 0.0, 0.0, 0.0, uncovered=missing)
     relevance = max(min(1.0, analyzer.relevance(wanted, doc)) for doc in documents)
     uncovered = analyzer.uncovered_terms(question, documents)
-    unresolved = [r.query() for r in analyzer.unresolved_references(question, documents)]
+    read = catalog.read_documents() if catalog is not None else []
+    if links == "citations":
+        refs = analyzer.unresolved_references(question, documents, read)
+        unresolved = [r.query() for r in refs]
+    else:
+        names = analyzer.bridge_names(question, documents, catalog)
+        unresolved = [analyzer.follow_up(question, name) for name in names]
+    unresolved += [
+        analyzer.follow_up(question, name)
+        for name in analyzer.question_names(question, catalog)
+        if analyzer.follow_up(question, name) not in unresolved
+    ]
     coverage = 1.0 - len(set(uncovered)) / len(wanted)
     return ConfidenceSignals(
         relevance=relevance,
@@ -182,64 +207,20 @@ def score_margin(documents: Sequence[Document]) -> float:
     return min(1.0, max(0.0, 1.0 - documents[-1].score / documents[0].score))
 
 
-@dataclass(frozen=True)
-class Calibration:
-    """Signals → probability that every needed passage was read: a logistic model.
-
-    p = 1 / (1 + exp(-(intercept + sum(weight * signal)))). Fitted by `python -m
-    experiments.calibration fit` on one dataset (`fitted_on` says which) and to be judged on
-    another.
-    """
-
-    intercept: float
-    weights: Mapping[str, float]
-    fitted_on: str = ""
-    features: tuple[str, ...] = field(init=False)
-
-    def __post_init__(self) -> None:
-        known = (*WEIGHTS, *MEASURES)
-        unknown = sorted(set(self.weights) - set(known))
-        if unknown:
-            raise ValueError(f"calibration weights for unknown signals {unknown}; use {known}")
-        if not self.weights:
-            raise ValueError("a calibration needs at least one signal weight")
-        object.__setattr__(self, "features", tuple(self.weights))
-
-    @classmethod
-    def from_config(cls, config: Calibration | Mapping[str, object] | None) -> Calibration | None:
-        """A Calibration from its config mapping (intercept, weights, fitted_on); empty: None."""
-        if config is None or isinstance(config, Calibration):
-            return config
-        if not config:
-            return None
-        weights = config.get("weights") or {}
-        if not isinstance(weights, Mapping):
-            raise ValueError("calibration.weights must map signal names to numbers")
-        return cls(
-            intercept=float(str(config.get("intercept", 0.0))),
-            weights={str(k): float(v) for k, v in weights.items()},
-            fitted_on=str(config.get("fitted_on") or ""),
-        )
-
-    def probability(self, signals: Mapping[str, float]) -> float:
-        """The calibrated confidence for one retrieval's signals (all features must be there)."""
-        missing = [name for name in self.features if name not in signals]
-        if missing:
-            raise KeyError(f"the calibration needs signals {missing}, which were not measured")
-        z = self.intercept + sum(w * float(signals[n]) for n, w in self.weights.items())
-        return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
-
-
 class RuleAssessor:
-    """The heuristic confidence: no call, so no usage; its signals go to the trace."""
+    """The heuristic confidence: no call, so no usage; its signals go to the trace. `links`: how
+    the corpus links its passages (see `caprag.steps.analyze.LINKS`)."""
 
     kind = "rule"
     model = "offline"
 
+    def __init__(self, links: Links = "citations") -> None:
+        self.links = links
+
     async def __call__(
-        self, question: str, documents: Sequence[Document]
+        self, question: str, documents: Sequence[Document], catalog: Catalog | None = None
     ) -> StepResult[ConfidenceAssessment]:
-        signals = heuristic_confidence(question, documents)
+        signals = heuristic_confidence(question, documents, catalog=catalog, links=self.links)
         return StepResult(value=signals.assessment(), usage=None, signals=signals.as_dict())
 
 
@@ -253,8 +234,9 @@ class LLMAssessor:
         self.model = client.model
 
     async def __call__(
-        self, question: str, documents: Sequence[Document]
+        self, question: str, documents: Sequence[Document], catalog: Catalog | None = None
     ) -> StepResult[ConfidenceAssessment]:
+        """The model reads the passages itself (`catalog` is for the rule)."""
         try:
             value, usage = await self.client.structured(
                 "assess",

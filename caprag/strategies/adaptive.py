@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
+from caprag.calibration import DEFAULT_CALIBRATION, Calibration, load_calibration
+from caprag.catalog import Catalog
 from caprag.clock import Clock, MonotonicClock
 from caprag.llm.prompt import format_passages
 from caprag.llm.usage import count_tokens
-from caprag.schemas import CallUsage, Document, Question
+from caprag.schemas import CallUsage, Document, Question, RetrievedRef
 from caprag.state import GraphState
 from caprag.steps import Steps
-from caprag.steps.assess import Calibration
+from caprag.steps.analyze import MAX_NEW_QUERIES, follow_up
+from caprag.steps.assess import NOT_FOUND
 from caprag.strategies.base import (
-    DocumentPool,
+    FollowedContext,
     RetrievalStrategy,
     Retriever,
     ServedSettings,
@@ -69,12 +73,12 @@ class Progress:
     elapsed_s: float
     timed_out: bool = False
     forced: bool = False
-    unchanged: bool = False
-    """A deeper round left the top passages as they were (see top_k_agreement)."""
+    nothing_new: bool = False
+    """A deeper round searched something new and added no passage to the context."""
 
 
 def decide(progress: Progress, budget: Budget) -> str:
-    """Next step: sufficient, forced_depth, top_k_unchanged, increase_depth or
+    """Next step: sufficient, forced_depth, no_new_evidence, increase_depth or
     budget_exhausted:<budget>.
 
     A retrieval cut off by the timeout ends the turn; a forced depth never deepens; otherwise
@@ -88,8 +92,8 @@ def decide(progress: Progress, budget: Budget) -> str:
         return "forced_depth"
     if progress.confidence >= progress.threshold:
         return "sufficient"
-    if progress.unchanged:
-        return "top_k_unchanged"
+    if progress.nothing_new:
+        return "no_new_evidence"
     reached = {
         "depth": progress.depth >= budget.max_depth,
         "iterations": progress.iteration >= budget.max_iterations,
@@ -99,21 +103,6 @@ def decide(progress: Progress, budget: Budget) -> str:
     }
     which = next((name for name in BUDGETS if reached[name]), None)
     return f"budget_exhausted:{which}" if which else "increase_depth"
-
-
-def top_k_agreement(before: Sequence[Document], after: Sequence[Document], k: int) -> float:
-    """Share of the passages that led before a deeper round that lead the deeper search too, 0-1.
-
-    Compared over the top min(k, len(before)) of each (the passages recall@k and the first
-    lines of generation's context see); 1.0 means going deeper changed nothing at the top.
-    `after` is the deeper search's own ranking, not the fused pool: fusion by reciprocal rank
-    keeps passages found twice ahead of any found once, so the pool's top never changes.
-    """
-    m = min(k, len(before))
-    if m == 0:
-        return 0.0
-    leading = {doc.content_hash for doc in before[:m]}
-    return len(leading & {doc.content_hash for doc in after[:m]}) / m
 
 
 class SearchClock:
@@ -143,6 +132,24 @@ class SearchClock:
         return result
 
 
+ClockChoice = Literal["searches", "wall"]
+CLOCKS: tuple[ClockChoice, ...] = ("searches", "wall")
+
+
+def clock_factory(
+    clock: ClockChoice | Clock | Callable[[], Clock], seconds_per_search: float = 1.0
+) -> Clock | Callable[[], Clock]:
+    """What `AdaptiveDepthStrategy(clock=...)` keeps: a factory of per-turn clocks for
+    `searches` and `wall`, or the clock or factory given."""
+    if clock == "searches":
+        return functools.partial(SearchClock, seconds_per_search)
+    if clock == "wall":
+        return MonotonicClock
+    if isinstance(clock, str):
+        raise ValueError(f"clock={clock!r}: use one of {', '.join(CLOCKS)}")
+    return clock
+
+
 def fit_tokens(documents: Sequence[Document], max_tokens: int) -> tuple[list[Document], int]:
     """The longest prefix of the ranked documents whose prompt text fits the token budget."""
     kept: list[Document] = []
@@ -160,11 +167,12 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
     """Search the question at the depth its type calls for, and deeper while confidence is short
     of that type's threshold and every budget allows.
 
-    Budget choice: unlike the other strategies, generation does not get `k` passages; it gets the
-    top min(depth_chunks[depth], max_chunks) of everything gathered (fused by RRF), cut further to
-    max_context_tokens. Depth is the point of the strategy, so its context grows with it; each hop
-    records `chunks` and `context_tokens` so runs can be compared at equal spend. `k` is accepted
-    for the common constructor and not used.
+    Budget choice: unlike the other strategies, generation does not get `k` passages; it gets
+    min(depth_chunks[depth], max_chunks) of everything gathered, cut further to
+    max_context_tokens: the question's own ranking first, as it was, then what the deeper rounds'
+    queries found. Depth is the point of the strategy, so its context grows with it; each hop
+    records `chunks` and `context_tokens`, and the harness reports the passages handed on beside
+    every score. `k` is accepted for the common constructor and not used.
     """
 
     name = "adaptive"
@@ -183,26 +191,25 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
         max_chunks: int = 50,
         max_context_tokens: int = 10_000,
         timeout_s: float = 5.0,
-        clock: Clock | Callable[[], Clock] | None = None,
-        calibration: Calibration | Mapping[str, object] | None = None,
-        stop_when_unchanged: bool = True,
+        clock: ClockChoice | Clock | Callable[[], Clock] = "searches",
+        seconds_per_search: float = 1.0,
+        calibration: str | Calibration | Mapping[str, object] | None = DEFAULT_CALIBRATION,
     ) -> None:
         super().__init__(retriever, steps, k)
-        self._clock = clock
-        """What the timeout budget reads: one clock for every turn (tests pass one that moves
-        only when told), or a factory called once per turn (the harness's SearchClock); None:
-        the wall clock."""
+        self._clock = clock_factory(clock, seconds_per_search)
+        """What the timeout budget reads: `searches` (a SearchClock per turn: every search after
+        the first costs seconds_per_search, so a turn decides the same on any machine, served or
+        in the harness), `wall` (the monotonic clock), or a clock (tests pass one that moves only
+        when told)."""
         self.turn_clock()  # a clock factory with bad settings fails here, not at a question
-        self.calibration = Calibration.from_config(calibration)
-        """Maps the rule's signals to the confidence compared with the thresholds (None: the
-        weighted heuristic as it is). An LLM self-assessment, which has no signals, is used as
-        the model gives it."""
-        if not isinstance(stop_when_unchanged, bool):
-            raise ValueError(
-                f"stop_when_unchanged must be true or false, not {stop_when_unchanged!r}"
-            )
-        self.stop_when_unchanged = stop_when_unchanged
-        """Stop deepening when a deeper round left the top passages unchanged."""
+        self.calibration = (
+            load_calibration(calibration)
+            if isinstance(calibration, str)
+            else Calibration.from_config(calibration)
+        )
+        """Maps the rule's signals to the confidence compared with the thresholds (a saved
+        calibration by name, `none`: the weighted heuristic as it is). An LLM self-assessment,
+        which has no signals, is used as the model gives it."""
         self.depth_chunks = tuple(int(n) for n in depth_chunks)
         if not 1 <= max_depth <= len(self.depth_chunks):
             raise ValueError(f"max_depth must be 1-{len(self.depth_chunks)} (one per depth_chunks)")
@@ -217,6 +224,7 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
                 profile = QueryProfile(float(profile["threshold"]), int(profile["depth"]))
             self.profiles[query_type] = profile
         self.budget = Budget(max_depth, max_iterations, max_chunks, max_context_tokens, timeout_s)
+        self._catalog: Catalog | None = None
         self.power = self._check_power(None if power == "auto" else power)
 
     def _check_power(self, power: int | str | None) -> int | None:
@@ -230,8 +238,14 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
 
     @classmethod
     def served_options(cls, settings: ServedSettings) -> dict[str, Any]:
-        """CAPRAG_DEPTH_CHUNKS: the ladder, every depth of it usable."""
-        return {"depth_chunks": settings.depth_chunks, "max_depth": len(settings.depth_chunks)}
+        """CAPRAG_DEPTH_CHUNKS (the ladder, every depth of it usable), CAPRAG_CALIBRATION and
+        CAPRAG_ADAPTIVE_CLOCK: the same confidence model and notion of time as the harness."""
+        return {
+            "depth_chunks": settings.depth_chunks,
+            "max_depth": len(settings.depth_chunks),
+            "calibration": settings.calibration,
+            "clock": settings.adaptive_clock,
+        }
 
     def max_llm_calls(self) -> dict[str, int]:
         """A classification, and a self-assessment per iteration when confidence is the LLM's
@@ -244,14 +258,22 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
     def turn_clock(self) -> Clock:
         """The clock one turn's timeout reads (a new one when the strategy holds a factory)."""
         clock = self._clock
-        if clock is None:
-            return MonotonicClock()
-        if isinstance(clock, type) or not hasattr(clock, "now"):
-            return clock()
-        return clock  # type: ignore[return-value]
+        if isinstance(clock, Clock) and not isinstance(clock, type):
+            return clock
+        return clock()
+
+    def catalog(self) -> Catalog | None:
+        """The titles of the passages the retriever searches (read once; see multi-hop)."""
+        if self._catalog is None:
+            self._catalog = Catalog.of(self.retriever)
+        return self._catalog
 
     async def execute(self, state: GraphState) -> GraphState:
-        """1. Classify. 2. Search at the type's depth. 3. Rate confidence. 4. Deeper or stop."""
+        """1. Classify. 2. Search the question at the type's depth. 3. Rate confidence. 4. Below
+        the threshold, go a depth deeper with new evidence: the references or bridge names the
+        assessment found unresolved (or, when it found none, the expansion of the question), each
+        keeping its best new passages up to the deeper depth's chunks. 5. Stop when confident,
+        when a round added nothing new, or on a budget."""
         clock = self.turn_clock()
         start = clock.now()
         question = state.main_question
@@ -260,41 +282,50 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
         query_type = classified.value.query_type
         profile = self.profiles[query_type]
         depth = forced or min(profile.depth, self.budget.max_depth)
-        pool = DocumentPool()
+        gathered = FollowedContext(k=self.budget.max_chunks, max_followed=self.budget.max_chunks)
         context: list[Document] = []
         questions: list[Question] = []
         hops: list[HopTrace] = []
         usage: list[CallUsage] = [u for u in (classified.usage,) if u]
+        searched: list[str] = []
         confidence = 0.0
+        missing: list[str] = []
         for iteration in range(1, self.budget.max_iterations + 1):
             hop_start = time.perf_counter()
             n = min(self.depth_chunks[depth - 1], self.budget.max_chunks)
-            found = await self._search(question, n, clock, None if iteration == 1 else start)
-            hop = HopTrace(hop=iteration, queries=[question], depth=depth, query_type=query_type)
+            queries = (
+                [question]
+                if iteration == 1
+                else await self._new_queries(question, missing, searched, usage)
+            )
+            hop = HopTrace(hop=iteration, queries=queries, depth=depth, query_type=query_type)
+            found = (
+                await self._search(queries, n, clock, None if iteration == 1 else start)
+                if queries
+                else []
+            )
+            searched += queries
             trimmed = False
-            unchanged = False
-            compared = 0
+            added = 0
             if found is not None:
                 questions += found
-                refs = pool.add(found[0].context)
+                before = {doc.passage_id for doc in context}
+                refs: list[RetrievedRef] = []
+                if iteration == 1:
+                    refs = gathered.add_first(found[0].context)
+                else:
+                    room = max(0, n - len(context))
+                    share = -(-room // len(found)) if found else 0  # ceil: room split per query
+                    for index, result in enumerate(found):
+                        refs += gathered.add_follow_up(result.context, share, index)
                 hop.documents = refs
                 hop.new_documents = sum(r.new for r in refs)
                 hop.duplicate_documents = sum(not r.new for r in refs)
-                ranked = pool.top(n)
-                before, (context, hop.context_tokens) = (
-                    context,
-                    fit_tokens(ranked, self.budget.max_context_tokens),
-                )
+                ranked = gathered.top()[:n]
+                context, hop.context_tokens = fit_tokens(ranked, self.budget.max_context_tokens)
                 trimmed = len(context) < len(ranked)
-                confidence = await self._assess(question, context, hop, usage)
-                if iteration > 1:
-                    agreement = top_k_agreement(before, found[0].context, self.k)
-                    hop.confidence_signals = {
-                        **(hop.confidence_signals or {}),
-                        "top_k_agreement": round(agreement, 4),
-                    }
-                    unchanged = self.stop_when_unchanged and agreement >= 1.0
-                    compared = min(self.k, len(before))
+                added = len({doc.passage_id for doc in context} - before)
+                confidence, missing = await self._assess(question, context, gathered, hop, usage)
             else:
                 hop.context_tokens = count_tokens(format_passages(context))
                 hop.confidence = confidence
@@ -306,12 +337,12 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
                 threshold=profile.threshold,
                 depth=depth,
                 iteration=iteration,
-                chunks=len(pool),
+                chunks=len(gathered.read),
                 trimmed=trimmed,
                 elapsed_s=clock.now() - start,
                 timed_out=found is None,
                 forced=forced is not None,
-                unchanged=unchanged,
+                nothing_new=iteration > 1 and added == 0,
             )
             hop.adaptive_decision = decide(progress, self.budget)
             hop.latency_s = elapsed(hop_start)
@@ -319,32 +350,59 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
             if hop.adaptive_decision != "increase_depth":
                 break
             depth += 1
-        self._explain(hops[-1], forced, compared)
+        self._explain(hops[-1], forced)
         return dataclasses.replace(state, questions=questions, context=context, hops=hops)
 
+    async def _new_queries(
+        self, question: str, missing: Sequence[str], searched: Sequence[str], usage: list[CallUsage]
+    ) -> list[str]:
+        """What a deeper round searches: what the assessment found missing (the rule gives the
+        follow-up queries of the unresolved references or bridge names; a model's items are
+        searched with the question), else the expansion of the question; never a query already
+        searched."""
+        asked = {q.lower() for q in searched}
+        if self.steps.assess.kind == "rule":
+            wanted = [item for item in missing if not item.startswith(NOT_FOUND)]
+        else:
+            wanted = [follow_up(question, item) for item in missing]
+        wanted = [q for q in dict.fromkeys(wanted) if q.lower() not in asked]
+        if not wanted:
+            expansion, calls = await self.expanded(question, MAX_NEW_QUERIES)
+            usage += calls
+            wanted = [q for q in dict.fromkeys(expansion) if q.lower() not in asked]
+        return wanted[:MAX_NEW_QUERIES]
+
     async def _search(
-        self, question: str, n: int, clock: Clock, since: float | None
+        self, queries: Sequence[str], n: int, clock: Clock, since: float | None
     ) -> list[Question] | None:
-        """Search n passages; a deeper search (`since` set) is cut off at the timeout (None).
+        """Search the queries n deep; a deeper round (`since` set) is cut off at the timeout
+        (None).
 
         The first search always completes, as every other strategy's does: the timeout bounds
         what deepening adds, and a hung retriever is the harness's question timeout to catch.
         """
         if since is None:
-            return await self.search_many([question], n)
+            return await self.search_many(queries, n)
         remaining = self.budget.timeout_s - (clock.now() - since)
         try:
-            return await clock.bounded(self.search_many([question], n), remaining)
+            return await clock.bounded(self.search_many(queries, n), remaining)
         except TimeoutError:
             return None
 
     async def _assess(
-        self, question: str, context: list[Document], hop: HopTrace, usage: list[CallUsage]
-    ) -> float:
+        self,
+        question: str,
+        context: list[Document],
+        gathered: FollowedContext,
+        hop: HopTrace,
+        usage: list[CallUsage],
+    ) -> tuple[float, list[str]]:
         """Rate the context with the `assess` step: the rule's heuristic (no call, its signals in
         the trace), mapped through the calibration when there is one, or the LLM's
         self-assessment. A calibrated hop keeps the uncalibrated value as signal `heuristic`."""
-        assessed = await self.steps.assess(question, context)
+        catalog = self.catalog()
+        unread = catalog.unread(gathered.read) if catalog is not None else None
+        assessed = await self.steps.assess(question, context, catalog=unread)
         if assessed.usage:
             usage.append(assessed.usage)
         confidence = assessed.value.confidence
@@ -355,9 +413,9 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
         hop.confidence = round(confidence, 4)
         hop.confidence_signals = signals
         hop.missing_info = assessed.value.missing_info
-        return hop.confidence
+        return hop.confidence, list(assessed.value.missing_info)
 
-    def _explain(self, last: HopTrace, forced: int | None, compared: int = 0) -> None:
+    def _explain(self, last: HopTrace, forced: int | None) -> None:
         """Warn when retrieval stopped short of the threshold; hint at a higher forced power."""
         assert last.confidence is not None and last.threshold is not None
         if last.confidence >= last.threshold:
@@ -374,10 +432,10 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
             last.warning = (
                 f"maximum depth {last.depth} reached and {short}: the answer may be incomplete"
             )
-        elif decision == "top_k_unchanged":
+        elif decision == "no_new_evidence":
             last.warning = (
-                f"searching deeper (depth {last.depth}) did not change the top {compared} passages "
-                f"and {short}: stopped there, the answer may be incomplete"
+                f"searching deeper (depth {last.depth}) added no new passage and {short}: "
+                "stopped there, the answer may be incomplete"
             )
         elif decision.startswith("budget_exhausted:"):
             budget = decision.split(":", 1)[1]

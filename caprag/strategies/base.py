@@ -46,6 +46,21 @@ class ServedSettings(Protocol):
         """Adaptive's ladder: passages per depth (CAPRAG_DEPTH_CHUNKS)."""
         ...
 
+    @property
+    def calibration(self) -> str:
+        """Adaptive's confidence calibration by name (CAPRAG_CALIBRATION)."""
+        ...
+
+    @property
+    def adaptive_clock(self) -> str:
+        """What adaptive's timeout budget reads: searches or wall (CAPRAG_ADAPTIVE_CLOCK)."""
+        ...
+
+    @property
+    def links(self) -> str:
+        """How the corpus links its passages: citations or names (CAPRAG_LINKS)."""
+        ...
+
 
 class DocumentPool:
     """Documents gathered across hops, de-duplicated by hash of content + book, fused by RRF."""
@@ -55,8 +70,9 @@ class DocumentPool:
         self._fused: dict[str, float] = {}
         self._first_seen: dict[str, int] = {}
 
-    def add(self, ranked: Sequence[Document]) -> list[RetrievedRef]:
-        """Merge one query's ranked results; report each as new or duplicate."""
+    def add(self, ranked: Sequence[Document], query: int = 0) -> list[RetrievedRef]:
+        """Merge one query's ranked results (`query`: its index in the hop); report each as new
+        or duplicate."""
         refs: list[RetrievedRef] = []
         for rank, doc in enumerate(ranked, start=1):
             key = doc.content_hash
@@ -74,6 +90,7 @@ class DocumentPool:
                     page=doc.page,
                     score=doc.score,
                     new=new,
+                    query=query,
                 )
             )
         return refs
@@ -85,6 +102,67 @@ class DocumentPool:
         """The k best documents by fused rank (ties: first found first)."""
         keys = sorted(self._docs, key=lambda key: (-self._fused[key], self._first_seen[key]))
         return [self._docs[key] for key in keys[:k]]
+
+
+class FollowedContext:
+    """The passages handed to generation: the first hop's ranking first, as it was, then what the
+    follow-up queries found, in the order they found it.
+
+    A follow-up result never pushes one of the question's own best passages down (the first
+    hop's ranking is what the question itself asked for: MRR stays that of a single search); it
+    takes the place of the first hop's lowest-ranked passages, at most `max_followed` of them.
+    """
+
+    def __init__(self, k: int, max_followed: int) -> None:
+        self.k = k
+        self.max_followed = max_followed
+        self.first = DocumentPool()
+        self.followed: list[Document] = []
+        self._seen: set[str] = set()
+        self.read: set[str] = set()
+        """Ids of every passage read so far (handed on or not)."""
+
+    def add_first(self, ranked: list[Document], query: int = 0) -> list[RetrievedRef]:
+        """Merge one first-hop query's ranking (the question, its expansion: fused by RRF)."""
+        refs = self.first.add(ranked, query)
+        self._seen.update(doc.content_hash for doc in ranked)
+        self.read.update(doc.passage_id for doc in ranked)
+        return refs
+
+    def add_follow_up(
+        self, ranked: list[Document], keep: int, query: int = 0
+    ) -> list[RetrievedRef]:
+        """Read a follow-up query's ranking down to its `keep` best passages not seen yet; those
+        join the context (while there is room). The refs are what was read: the passages seen
+        before (duplicates) and the new ones kept."""
+        refs: list[RetrievedRef] = []
+        kept = 0
+        for doc in ranked:
+            if kept == keep:
+                break
+            new = doc.content_hash not in self._seen
+            self.read.add(doc.passage_id)
+            refs.append(
+                RetrievedRef(
+                    passage_id=doc.passage_id,
+                    book_id=doc.book_id,
+                    page=doc.page,
+                    score=doc.score,
+                    new=new,
+                    query=query,
+                )
+            )
+            if new:
+                self._seen.add(doc.content_hash)
+                kept += 1
+                if len(self.followed) < self.max_followed:
+                    self.followed.append(doc)
+        return refs
+
+    def top(self) -> list[Document]:
+        """The k passages handed on: the first hop's best, then the followed ones."""
+        followed = self.followed[: self.k]
+        return self.first.top(self.k - len(followed)) + followed
 
 
 class RetrievalStrategy(ABC):

@@ -6,11 +6,12 @@ import dataclasses
 import time
 from typing import Any
 
-from caprag.schemas import CallUsage, Question
+from caprag.catalog import Catalog
+from caprag.schemas import CallUsage, Question, RetrievedRef
 from caprag.state import GraphState
 from caprag.steps import Steps
 from caprag.strategies.base import (
-    DocumentPool,
+    FollowedContext,
     RetrievalStrategy,
     Retriever,
     ServedSettings,
@@ -20,7 +21,7 @@ from caprag.trace import HopTrace
 
 
 class MultiHopStrategy(RetrievalStrategy):
-    """Follow cross-references between books until the analyzer is satisfied or hops run out."""
+    """Follow cross-references and bridge names until the analyzer is satisfied or hops run out."""
 
     name = "multi-hop"
 
@@ -31,19 +32,27 @@ class MultiHopStrategy(RetrievalStrategy):
         k: int = 8,
         max_hops: int = 3,
         follow_k: int = 1,
+        analyze_k: int = 5,
         expand_first_hop: bool = False,
         n_subquestions: int = 3,
     ) -> None:
         super().__init__(retriever, steps, k)
         if max_hops < 1:
             raise ValueError("max_hops must be at least 1")
+        if follow_k < 1:
+            raise ValueError("follow_k must be at least 1")
         self.max_hops = max_hops
         self.follow_k = follow_k
-        """Passages kept per follow-up query: a targeted query is after one passage, and fewer
-        per query leaves more of the fixed budget k to the question's own results."""
+        if analyze_k < 1:
+            raise ValueError("analyze_k must be at least 1")
+        self.analyze_k = analyze_k
+        """Passages the analyzer reads (the best of those handed on): what it costs per hop."""
+        """New passages kept per follow-up query: a targeted query is after one passage, and
+        fewer per query leaves more of the fixed budget k to the question's own results."""
         self.expand_first_hop = expand_first_hop
         """Search the question's expansion (the `expand` step) beside it on the first hop."""
         self.n_subquestions = n_subquestions
+        self._catalog: Catalog | None = None
 
     @classmethod
     def served_options(cls, settings: ServedSettings) -> dict[str, Any]:
@@ -57,10 +66,17 @@ class MultiHopStrategy(RetrievalStrategy):
             calls["expand"] = 1
         return calls
 
+    def catalog(self) -> Catalog | None:
+        """The titles of the passages the retriever searches (read once): what a bridge name
+        must be for the rule analyzer to follow it."""
+        if self._catalog is None:
+            self._catalog = Catalog.of(self.retriever)
+        return self._catalog
+
     async def execute(self, state: GraphState) -> GraphState:
-        """1. Search the question (and its expansion). 2. Analyze the top k. 3. Search the new
-        queries. Repeat."""
-        pool = DocumentPool()
+        """1. Search the question (and its expansion). 2. Analyze the passages handed on.
+        3. Search the new queries, keeping each one's best new passages. Repeat."""
+        context = FollowedContext(self.k, max_followed=max(1, self.k // 2))
         questions: list[Question] = []
         hops: list[HopTrace] = []
         queries = [state.main_question]
@@ -70,10 +86,17 @@ class MultiHopStrategy(RetrievalStrategy):
         searched: list[str] = []
         for number in range(1, self.max_hops + 1):
             start = time.perf_counter()
-            found = await self.search_many(queries, self.k if number == 1 else self.follow_k)
+            # A follow-up reads past what it has already seen: its own best is often a passage
+            # the first hop found (the question's subject), so it searches as deep as the first.
+            found = await self.search_many(queries, self.k)
             searched += queries
             questions += found
-            refs = [ref for question in found for ref in pool.add(question.context)]
+            refs: list[RetrievedRef] = []
+            for index, question in enumerate(found):
+                if number == 1:
+                    refs += context.add_first(question.context, index)
+                else:
+                    refs += context.add_follow_up(question.context, self.follow_k, index)
             hop = HopTrace(
                 hop=number,
                 queries=queries,
@@ -87,7 +110,13 @@ class MultiHopStrategy(RetrievalStrategy):
             if number == self.max_hops:
                 hop.latency_s = elapsed(start)
                 break
-            analysis = await self.steps.analyze(state.main_question, pool.top(self.k), searched)
+            catalog = self.catalog()
+            analysis = await self.steps.analyze(
+                state.main_question,
+                context.top()[: self.analyze_k],
+                searched,
+                catalog=catalog.unread(context.read) if catalog is not None else None,
+            )
             hop.decision = analysis.value
             if analysis.usage:
                 hop.usage.append(analysis.usage)
@@ -96,4 +125,4 @@ class MultiHopStrategy(RetrievalStrategy):
             queries = [q for q in analysis.value.new_queries if q.lower() not in asked]
             if analysis.value.sufficient or not queries:
                 break
-        return dataclasses.replace(state, questions=questions, context=pool.top(self.k), hops=hops)
+        return dataclasses.replace(state, questions=questions, context=context.top(), hops=hops)

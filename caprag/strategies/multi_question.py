@@ -32,7 +32,7 @@ class MultiQuestionStrategy(RetrievalStrategy):
         queries, usage = await self.expanded(state.main_question, self.n_subquestions)
         questions = await self.search_many(queries)
         pool = DocumentPool()
-        refs = [ref for question in questions for ref in pool.add(question.context)]
+        refs = [ref for index, q in enumerate(questions) for ref in pool.add(q.context, index)]
         hop = HopTrace(
             hop=1,
             queries=queries,

@@ -11,16 +11,18 @@ A calibration must be judged on data it was not fitted on: `check` says so when 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 from collections.abc import Sequence
 
 import pandas as pd
 
+from caprag.calibration import CALIBRATIONS
 from caprag.config import PROJECT_ROOT
 from experiments.scoring.calibration import (
-    CALIBRATIONS,
     FEATURES,
     L2,
+    UNBOUNDED,
     adaptive_summary,
     describe,
     fit,
@@ -33,29 +35,58 @@ from experiments.scoring.calibration import (
 
 
 def collect(overrides: Sequence[str]) -> tuple[str, pd.DataFrame]:
-    """The dataset the Hydra overrides choose, searched at every depth of the strategy's ladder:
-    its name and one row per (answerable question, depth)."""
+    """`collect_one` for each dataset named (`dataset=a dataset=b` gathers both, e.g. to fit on
+    every public benchmark), concatenated; the name joins theirs with '+'."""
+    datasets = [o for o in overrides if o.startswith("dataset=")]
+    rest = [o for o in overrides if not o.startswith("dataset=")]
+    if len(datasets) <= 1:
+        return collect_one(list(overrides))
+    names, frames = [], []
+    for chosen in datasets:
+        name, frame = collect_one([chosen, *rest])
+        names.append(name)
+        frames.append(frame)
+    return "+".join(names), pd.concat(frames, ignore_index=True)
+
+
+def collect_one(overrides: Sequence[str]) -> tuple[str, pd.DataFrame]:
+    """The dataset the Hydra overrides choose, each answerable question asked of adaptive with
+    no confidence enough (so it goes through every depth) and no calibration: its name and one
+    row per (question, round) with the signals and whether every gold passage was read."""
     from hydra import compose, initialize_config_dir
 
-    from experiments.harness.build import instantiate_or_raise
+    from caprag.state import GraphState
+    from experiments.harness.build import build_components
 
     with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=["strategy=adaptive", *overrides])
-    dataset = instantiate_or_raise(cfg.dataset, "the dataset")
-    index = instantiate_or_raise(
-        cfg.retriever.index, "the retriever", **dataset.index_overrides(cfg.retriever.index.store)
-    )
-    ladder = [int(n) for n in cfg.strategy.depth_chunks]
+        cfg = compose(
+            "config",
+            overrides=["strategy=adaptive", "strategy.calibration=none", *overrides],
+        )
+    parts = build_components(cfg, llm=False)
     rows: list[dict[str, object]] = []
-    for case in dataset.cases:
-        retriever = index.restricted(case.scope) if case.scope is not None else index
-        for turn in case.turns:
-            if not turn.gold_passages:
-                continue
-            question = turn.standalone or turn.question
-            for row in signal_rows(turn.id, question, turn.gold_passages, retriever, ladder):
-                rows.append({"set": case.set, **row})
-    return dataset.name, pd.DataFrame(rows)
+
+    async def ask_all() -> None:
+        for case in parts.dataset.cases:
+            scope = parts.index.restricted(case.scope) if case.scope is not None else None
+            strategy = parts.make_strategy(
+                retriever=scope or parts.index,
+                steps=parts.steps,
+                k=int(cfg.retriever.k),
+                query_types=UNBOUNDED,
+            )
+            for turn in case.turns:
+                if not turn.gold_passages:
+                    continue
+                question = turn.standalone or turn.question
+                state = await strategy.execute(
+                    GraphState(question=question, main_question=question)
+                )
+                for row in signal_rows(turn.id, turn.gold_passages, state.hops):
+                    rows.append({"set": case.set, **row})
+
+    asyncio.run(ask_all())
+    return parts.dataset.name, pd.DataFrame(rows)
 
 
 def summary_markdown(pairs: Sequence[tuple[str, str, str]]) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,6 +136,20 @@ def compare(
     return rows, regressions
 
 
+def baseline_text(now: dict[str, dict[str, float]]) -> str:
+    """The baseline file for these results: the gate's settings and the numbers (what
+    `--update` and `make reports` write)."""
+    payload = {
+        "commit": git_commit(),
+        "questions_per_set": PER_SET,
+        "tolerances": {
+            k: {"higher_is_better": higher_is_better(k), **vars(v)} for k, v in TOLERANCES.items()
+        },
+        "results": now,
+    }
+    return json.dumps(payload, indent=1) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the gate; --update rewrites the baseline instead of checking it."""
     parser = argparse.ArgumentParser(
@@ -150,17 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     now = evaluate(args.overrides)
     if args.update:
-        payload = {
-            "created": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "commit": git_commit(),
-            "questions_per_set": PER_SET,
-            "tolerances": {
-                k: {"higher_is_better": higher_is_better(k), **vars(v)}
-                for k, v in TOLERANCES.items()
-            },
-            "results": now,
-        }
-        args.baseline.write_text(json.dumps(payload, indent=1) + "\n")
+        args.baseline.write_text(baseline_text(now))
         print(f"wrote {args.baseline}; commit it to make it the baseline")
         return 0
     if not args.baseline.exists():

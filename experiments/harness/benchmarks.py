@@ -23,7 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from caprag.books import BOOK_ID, Book, BookMeta, Passage, slugify
 from caprag.errors import ConfigError
-from experiments.harness.data import Dataset, EvalCase
+from caprag.steps.analyze import Links
+from experiments.harness.data import Dataset, EvalCase, check_corpus_options
 from experiments.results.questions import DatasetError, GoldQuestion, explain, read_jsonl
 
 Mode = Literal["pooled", "distractor"]
@@ -165,6 +166,8 @@ def load_benchmark(
     limit: int | None = None,
     limit_per_set: int | Mapping[str, int] | None = None,
     types: Sequence[str] | None = None,
+    links: Links = "names",
+    calibration: str = "curated",
 ) -> Dataset:
     """Load a benchmark file as a dataset with its own corpus; cases keep the file's order.
 
@@ -214,4 +217,12 @@ def load_benchmark(
         cases.append(case)
     if limit is not None:
         cases = cases[:limit]
-    return Dataset(name=name, cases=cases, files=[path], books=[build_book(name, path, records)])
+    check_corpus_options(links, calibration)
+    return Dataset(
+        name=name,
+        cases=cases,
+        files=[path],
+        books=[build_book(name, path, records)],
+        links=links,
+        calibration=calibration,
+    )

@@ -20,6 +20,7 @@ from caprag.llm import StructuredClient
 from caprag.retrievers import RETRIEVERS, Index, make_index
 from caprag.services import Pipeline
 from caprag.steps import ROLES, Steps, build_steps, rule_steps
+from caprag.steps.analyze import Links
 from caprag.strategies import RetrievalStrategy, Retriever
 from experiments.harness.data import Dataset
 from experiments.harness.dryrun import (
@@ -97,7 +98,7 @@ def instantiate_or_raise(cfg: DictConfig, what: str, **overrides: Any) -> Any:
         raise CapragError(f"cannot build {what}: {exc}") from exc
 
 
-def steps_from_config(cfg: DictConfig, repeat: int = 0) -> Steps:
+def steps_from_config(cfg: DictConfig, repeat: int = 0, links: Links = "citations") -> Steps:
     """The configured steps: each role (expander, analyzer, ...) by its rule or by the `llm`
     group's client; a client with a seed gets experiment.seed + repeat. An `llm._target_` (tests,
     benchmarks) builds the whole Steps itself."""
@@ -120,6 +121,7 @@ def steps_from_config(cfg: DictConfig, repeat: int = 0) -> Steps:
         rewrite_client=rewrite_client,
         price_model=str(cfg.llm.get("price_model") or "gpt-4o-mini"),
         choices=choices,
+        links=links,
     )
 
 
@@ -144,7 +146,11 @@ def build_components(cfg: DictConfig, *, llm: bool = True) -> Components:
     # 1. The questions: a broken line fails here, before any question runs.
     dataset: Dataset = instantiate_or_raise(cfg.dataset, "the dataset")
     # 2. The LLM and judge: a missing key fails here.
-    model = steps_from_config(cfg) if llm else rule_steps(price_model=estimate_price_model(cfg))
+    model = (
+        steps_from_config(cfg, links=dataset.links)
+        if llm
+        else rule_steps(price_model=estimate_price_model(cfg), links=dataset.links)
+    )
     scorers: list[Scorer] = []
     if llm and cfg.experiment.get("ragas", True):
         from experiments.scoring.ragas_metrics import OfflineRagas
@@ -160,8 +166,18 @@ def build_components(cfg: DictConfig, *, llm: bool = True) -> Components:
     # 4. Every gold passage must be one the index can return: a typo fails here, not as recall 0.
     corpus = "the benchmark's own corpus" if dataset.books else str(cfg.retriever.index.corpus)
     dataset.check_gold_passages(index.parents().keys(), corpus)
-    make_strategy = instantiate_or_raise(cfg.strategy, "the strategy")
+    make_strategy = instantiate_or_raise(
+        cfg.strategy, "the strategy", **corpus_options(cfg, dataset)
+    )
     return Components(dataset, model, scorers, index, make_strategy)
+
+
+def corpus_options(cfg: DictConfig, dataset: Dataset) -> dict[str, str]:
+    """What a strategy takes from the dataset: adaptive's `calibration: auto` becomes the
+    calibration the dataset names (fitted on other data)."""
+    if str(cfg.strategy.get("calibration")) == "auto":
+        return {"calibration": dataset.calibration}
+    return {}
 
 
 def evaluator_for(cfg: DictConfig, parts: Components, llm: Steps) -> Evaluator:
@@ -194,7 +210,7 @@ def evaluator_for(cfg: DictConfig, parts: Components, llm: Steps) -> Evaluator:
 def repeat_evaluator(cfg: DictConfig, parts: Components, repeat: int) -> Evaluator:
     """The evaluator of one repeat: the first uses the built steps, later ones new LLM clients
     seeded experiment.seed + repeat."""
-    llm = parts.steps if repeat == 0 else steps_from_config(cfg, repeat)
+    llm = parts.steps if repeat == 0 else steps_from_config(cfg, repeat, parts.dataset.links)
     return evaluator_for(cfg, parts, llm)
 
 

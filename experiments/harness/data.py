@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any, overload
 
 from caprag.books import Book
+from caprag.calibration import DEFAULT_CALIBRATION, calibration_names
 from caprag.chroma_server import store_child
 from caprag.errors import ConfigError
+from caprag.steps.analyze import LINKS, Links
 from experiments.results.questions import (
     QUESTIONS_DIR,
     SETS,
@@ -75,6 +77,11 @@ class Dataset:
     files: list[Path] = field(default_factory=list)
     books: list[Book] | None = None
     """The dataset's own corpus (benchmarks); None: the configured rulebook corpus."""
+    links: Links = "citations"
+    """How the corpus links its passages, which the rule steps follow (a corpus property)."""
+    calibration: str = DEFAULT_CALIBRATION
+    """Adaptive's confidence model for this corpus (`strategy.calibration=auto`), fitted on
+    other data."""
 
     @property
     def content_hash(self) -> str:
@@ -134,6 +141,8 @@ def load_dataset(
     limit: int | None = None,
     path: str | None = None,
     limit_per_set: int | Mapping[str, int] | None = None,
+    links: Links = "citations",
+    calibration: str = DEFAULT_CALIBRATION,
 ) -> Dataset:
     """Load the named sets (or one explicit file); DatasetError with file:line on a bad line.
 
@@ -174,4 +183,16 @@ def load_dataset(
         cases += found[:keep] if keep is not None else found
     if limit is not None:
         cases = cases[:limit]
-    return Dataset(name=name, cases=cases, files=files)
+    check_corpus_options(links, calibration)
+    return Dataset(name=name, cases=cases, files=files, links=links, calibration=calibration)
+
+
+def check_corpus_options(links: str, calibration: str) -> None:
+    """dataset.links and dataset.calibration name what exists (ConfigError naming the choices)."""
+    if links not in LINKS:
+        raise ConfigError(f"dataset.links={links!r} is not allowed: expected {' | '.join(LINKS)}")
+    if calibration not in calibration_names():
+        raise ConfigError(
+            f"dataset.calibration={calibration!r} is not allowed: expected "
+            + " | ".join(calibration_names())
+        )

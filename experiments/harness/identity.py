@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,7 +113,11 @@ class RunIdentity:
 
     @contextlib.contextmanager
     def open(
-        self, name: str, sweep_id: str | None, tags: dict[str, str]
+        self,
+        name: str,
+        sweep_id: str | None,
+        tags: dict[str, str],
+        setup: Mapping[str, str] | None = None,
     ) -> Iterator[tuple[Journal, str | None]]:
         """The journal to append to and the MLflow run id (None without tracking); the run is
         ended FINISHED and the journal removed only when the body completes."""
@@ -137,7 +141,7 @@ class RunIdentity:
             tracking.tag_journal(journal.path)
             print(f"MLflow run {run_id} (if interrupted: experiment.resume={run_id})", flush=True)
             if self.resume_id is None:
-                tracking.log_config(self.config)
+                tracking.log_config({**self.config, "resolved": dict(setup or {})})
             with _kept_on_failure(journal):
                 yield journal, run_id
         journal.close(remove=True)
@@ -200,11 +204,57 @@ def retriever_label(cfg: DictConfig) -> str:
     return RETRIEVERS.choose(kind).label(str(index.get("embedding") or "minilm"))
 
 
+def resolved_setup(
+    cfg: DictConfig, parts: Any, strategy: RetrievalStrategy, given: Sequence[str] | None
+) -> dict[str, str]:
+    """What the run really uses, defaults resolved: strategy (and whether the command line
+    chose it), retriever, k, how the corpus links its passages, and adaptive's calibration with
+    the data it was fitted on. Printed at the start, logged as `resolved.*` params."""
+    setup = {
+        "strategy": strategy.name,
+        "strategy_from": "given"
+        if given is None or "strategy" in given
+        else "the default: choose with strategy=...",
+        "retriever": retriever_label(cfg),
+        "k": str(cfg.retriever.k),
+        "links": parts.dataset.links,
+    }
+    if given is None:
+        setup.pop("strategy_from")
+    calibration = getattr(strategy, "calibration", None)
+    if hasattr(strategy, "calibration"):
+        name = str(cfg.strategy.get("calibration"))
+        setup["calibration"] = parts.dataset.calibration if name == "auto" else name
+        setup["calibration_fitted_on"] = (
+            calibration.fitted_on if calibration is not None else "none (the weighted heuristic)"
+        )
+    return setup
+
+
+def describe_setup(setup: Mapping[str, str]) -> str:
+    """The resolved setup in one line: 'strategy multi-hop (default ...), retriever ...'."""
+    parts = [f"strategy {setup['strategy']}"]
+    if setup.get("strategy_from", "given") != "given":
+        parts[0] += f" ({setup['strategy_from']})"
+    parts += [f"retriever {setup['retriever']}", f"k={setup['k']}", f"links={setup['links']}"]
+    if "calibration" in setup:
+        parts.append(
+            f"calibration {setup['calibration']} (fitted on {setup['calibration_fitted_on']})"
+        )
+    return ", ".join(parts)
+
+
 def run_tags(
-    cfg: DictConfig, identity: RunIdentity, strategy: RetrievalStrategy, llm: Steps
+    cfg: DictConfig,
+    identity: RunIdentity,
+    strategy: RetrievalStrategy,
+    llm: Steps,
+    setup: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """What the dashboard and the gate filter runs by, plus versions that explain numbers."""
+    resolved = {f"caprag.{k}": v for k, v in (setup or {}).items() if k in ("links", "calibration")}
     return {
+        **resolved,
         "caprag.strategy": strategy.name,
         "caprag.retriever": retriever_label(cfg),
         "caprag.dataset": identity.dataset.name,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +34,14 @@ from experiments.harness.dryrun import (
     client_config,
     estimate_cost,
 )
-from experiments.harness.identity import DEFAULT_RETRIEVER, RunIdentity, retriever_label, run_tags
+from experiments.harness.identity import (
+    DEFAULT_RETRIEVER,
+    RunIdentity,
+    describe_setup,
+    resolved_setup,
+    retriever_label,
+    run_tags,
+)
 from experiments.harness.journal import Journal, case_key
 from experiments.harness.reuse import RowCache
 from experiments.harness.settings import check_settings
@@ -73,12 +81,15 @@ class RunResult:
         return agg.mean if agg else None
 
 
-def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
+def run(
+    cfg: DictConfig, sweep_id: str | None = None, given: Sequence[str] | None = None
+) -> RunResult:
     """Run one configuration end to end and log it to MLflow (unless tracking.enabled=false).
 
     A run is journaled case by case: when an earlier process of the same run died, the run is
     resumed (experiment.resume=auto or RUN_ID) and only the missing questions are asked.
     With experiment.dry_run=true nothing is asked: the cost estimate is printed and returned.
+    `given`: the config groups the command line chose (so the run says which it defaulted).
     """
     check_settings(cfg)
     dry = bool(cfg.experiment.dry_run)
@@ -107,14 +118,15 @@ def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
         )
     questions = parts.dataset.questions * repeats
     times = f" x {repeats} repeats" if repeats > 1 else ""
-    print(f"run {name}: {questions} questions{times}, k={cfg.retriever.k}", flush=True)
+    setup = resolved_setup(cfg, parts, strategy, given)
+    print(f"run {name}: {questions} questions{times}; " + describe_setup(setup), flush=True)
     identity = RunIdentity.resolve(cfg, config, parts.dataset)
-    tags = run_tags(cfg, identity, strategy, parts.steps)
+    tags = run_tags(cfg, identity, strategy, parts.steps, setup)
     writing = bool(cfg.tracking.enabled and cfg.tracking.traces)
     with (
         traces.writer(writing) as trace_writer,  # forked before the journal: it must not hold it
         workers.pool(cfg, config) as pool,  # started while the MLflow run and journal open
-        identity.open(name, sweep_id, tags) as (journal, run_id),
+        identity.open(name, sweep_id, tags, setup) as (journal, run_id),
     ):
         done = journal.done()
         resumed = sum(len(rows) for rows in done.values())
@@ -254,8 +266,9 @@ def main(cfg: DictConfig) -> float | None:
     sweep_id = None
     if HydraConfig.get().mode == RunMode.MULTIRUN:
         sweep_id = str(HydraConfig.get().sweep.dir)
+    given = [str(o).split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task]
     try:
-        result = run(cfg, sweep_id=sweep_id)
+        result = run(cfg, sweep_id=sweep_id, given=given)
     except MissingMandatoryValue as exc:
         print(f"error: {exc.full_key} must be set ({exc.full_key}=...)", file=sys.stderr)
         sys.exit(2)

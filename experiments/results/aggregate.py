@@ -96,6 +96,22 @@ def summary_metrics(rows: Sequence[QuestionRow]) -> dict[str, float]:
         out[f"share_hops_{hops}"] = (
             sum(1 for r in ok if r.values.get("hops") == hops) / len(ok) if ok else 0.0
         )
+    out.update(follow_up_rates(ok))
+    return out
+
+
+def follow_up_rates(rows: Sequence[QuestionRow]) -> dict[str, float]:
+    """The run's follow-up yield (new gold passages per follow-up query) and the share of
+    follow-ups that found gold, overall and per hop: ratios of the rows' sums (none when no
+    follow-up query was searched)."""
+    out: dict[str, float] = {}
+    for suffix in ("", *(f"_hop{hop}" for hop in range(2, MAX_HOPS_REPORTED + 1))):
+        queries = sum(r.values.get(f"followup_queries{suffix}", 0.0) for r in rows)
+        if queries:
+            gold = sum(r.values.get(f"followup_gold{suffix}", 0.0) for r in rows)
+            hits = sum(r.values.get(f"followup_hits{suffix}", 0.0) for r in rows)
+            out[f"followup_yield{suffix}"] = gold / queries
+            out[f"followup_hit_share{suffix}"] = hits / queries
     return out
 
 

@@ -307,6 +307,12 @@ for _metric in (
         always=True,
     ),
     _quality(
+        "cumulative_recall", "cumulative recall (everything retrieved)", "retrieval",
+        "Share of the gold passages among every distinct passage the strategy retrieved, over "
+        "all its hops (not only those handed on): what it found, beside what it handed on.",
+        always=True, sliced=True, headline=True,
+    ),
+    _quality(
         "context_recall", "gold passages in context", "retrieval",
         "Share of the gold passages among every passage handed to generation (not cut to k): "
         "adaptive's success when it is 1.",
@@ -401,6 +407,27 @@ for _metric in (
         format=COUNT, higher_is_better=None, listed=False,
     ),
     _cost(
+        "passages_handed", "passages handed to generation", "",
+        "Passages given to the generator: k for most strategies, adaptive's depth ladder "
+        "(5 / 15 / 30) for adaptive, so unequal budgets are visible beside every score.",
+        format=COUNT, higher_is_better=None, headline=True,
+    ),
+    _cost(
+        "followup_queries", "follow-up queries", "",
+        "Queries searched after the first hop (multi-hop's analyzer, adaptive's deeper rounds).",
+        format=COUNT,
+    ),
+    Metric(
+        "followup_gold", "gold passages found by follow-ups", group="retrieval",
+        higher_is_better=True, format=COUNT, always=True,
+        description="Gold passages a follow-up query found that no earlier query had.",
+    ),
+    Metric(
+        "followup_hits", "follow-ups that found gold", group="retrieval",
+        higher_is_better=True, format=COUNT, always=True, listed=False,
+        description="Follow-up queries that found at least one new gold passage.",
+    ),
+    _cost(
         "distinct_passages", "distinct passages retrieved", "",
         "Distinct passages retrieved over all hops (before the cut to k).",
         format=COUNT, higher_is_better=None,
@@ -465,6 +492,39 @@ for _metric in (
             listed=False,
         )
         for hops in range(1, MAX_HOPS_REPORTED + 1)
+    ),
+    _run(
+        "followup_yield", "follow-up yield (new gold per follow-up query)",
+        "Gold passages found by follow-up queries, per follow-up query, over the whole run (a "
+        "ratio of sums: questions with more follow-ups weigh more).",
+        higher_is_better=True,
+    ),
+    _run(
+        "followup_hit_share", "share of follow-ups that found gold",
+        "Follow-up queries that found at least one new gold passage, over all follow-up queries.",
+        higher_is_better=True,
+    ),
+    *(
+        _run(
+            f"followup_{what}_hop{hop}", f"hop {hop}: {label}",
+            f"{label.capitalize()} of hop {hop}'s follow-up queries, over the whole run.",
+            higher_is_better=True, listed=False,
+        )
+        for hop in range(2, MAX_HOPS_REPORTED + 1)
+        for what, label in (("yield", "follow-up yield"), ("hit_share", "share that found gold"))
+    ),
+    *(
+        Metric(
+            f"followup_{what}_hop{hop}", f"hop {hop}: {label}", group="retrieval",
+            format=COUNT, listed=False,
+            description=f"{label.capitalize()} in hop {hop} (per question).",
+        )
+        for hop in range(2, MAX_HOPS_REPORTED + 1)
+        for what, label in (
+            ("queries", "follow-up queries"),
+            ("gold", "gold passages found by follow-ups"),
+            ("hits", "follow-ups that found gold"),
+        )
     ),
     _run(
         "reused_cases", "cases reused from an identical run",

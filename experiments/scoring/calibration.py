@@ -19,13 +19,11 @@ import pandas as pd
 import yaml
 from scipy import optimize, stats
 
-from caprag.config import PROJECT_ROOT
-from caprag.steps.assess import MEASURES, Calibration, heuristic_confidence
-from caprag.strategies.base import DocumentPool, Retriever
+from caprag.calibration import Calibration, load_calibration
+from caprag.steps.assess import MEASURES
 from caprag.trace import HopTrace
 from experiments.results.row import rows_of
 
-CALIBRATIONS = PROJECT_ROOT / "conf" / "strategy" / "calibration"
 FEATURES = ("coverage", "margin", "log_passages")
 """The signals a fit uses by default: measured from the retrieval, none tied to one corpus.
 open_references is left out: HotpotQA passages cite nothing, so a fit on the rulebooks leans on
@@ -76,32 +74,35 @@ def ranking_auc(score: Sequence[float], success: Sequence[float]) -> float:
 
 
 def signal_rows(
-    question_id: str,
-    question: str,
-    gold: Sequence[str],
-    retriever: Retriever,
-    ladder: Sequence[int],
+    question_id: str, gold: Sequence[str], hops: Sequence[HopTrace]
 ) -> list[dict[str, object]]:
-    """The heuristic's signals after each depth of the ladder, as adaptive's auto loop gathers
-    them (same question, deeper each time, fused in one pool), with whether every gold passage
-    is among the passages read (`success`)."""
-    pool = DocumentPool()
+    """The heuristic's signals after each round of an adaptive turn that never stops on
+    confidence (`unbounded`), with whether every gold passage is among the passages read so far
+    (`success`): what a calibration maps the signals to."""
     rows: list[dict[str, object]] = []
-    for depth, n in enumerate(ladder, start=1):
-        pool.add(retriever.search(question, n))
-        context = pool.top(n)
-        signals = heuristic_confidence(question, context)
-        read = {doc.passage_id for doc in context}
+    read: set[str] = set()
+    for hop in hops:
+        read.update(ref.passage_id for ref in hop.documents)
+        signals = dict(hop.confidence_signals or {})
+        heuristic = signals.pop("heuristic", hop.confidence)
         rows.append(
             {
                 "question_id": question_id,
-                "depth": depth,
-                "heuristic": signals.confidence,
-                **signals.as_dict(),
+                "depth": hop.depth,
+                "heuristic": heuristic,
+                **signals,
                 "success": float(all(g in read for g in gold)),
             }
         )
     return rows
+
+
+UNBOUNDED = {
+    query_type: {"threshold": 2.0, "depth": 1}
+    for query_type in ("factual", "operational", "decision", "strategic")
+}
+"""Adaptive's profiles for collecting signals: every question starts at depth 1 and no
+confidence is enough, so each turn goes through every depth its budgets allow."""
 
 
 # Fit and check.
@@ -162,14 +163,10 @@ def save(calibration: Calibration, path: Path, note: str = "") -> None:
 
 
 def load(name: str) -> Calibration:
-    """A saved calibration by its name in conf/strategy/calibration/."""
-    path = CALIBRATIONS / f"{name}.yaml"
-    if not path.exists():
-        known = sorted(p.stem for p in CALIBRATIONS.glob("*.yaml"))
-        raise FileNotFoundError(f"no calibration {name!r} in {CALIBRATIONS}; saved: {known}")
-    calibration = Calibration.from_config(yaml.safe_load(path.read_text()))
+    """A saved calibration by its name (caprag/calibrations/NAME.yaml)."""
+    calibration = load_calibration(name)
     if calibration is None:
-        raise ValueError(f"{path} holds no calibration (it is the uncalibrated choice)")
+        raise ValueError(f"{name!r} is the uncalibrated choice, not a saved calibration")
     return calibration
 
 

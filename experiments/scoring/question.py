@@ -33,7 +33,7 @@ def score_retrieval(turn: GoldQuestion, result: AskResult, k: int) -> Scores:
     """Gold-passage recall@k, precision@k, MRR and cumulative recall after each hop."""
     if not turn.gold_passages:
         reason = "no gold passages (unanswerable question)"
-        names = ["recall_at_k", "precision_at_k", "mrr", "distinct_passages"]
+        names = ["recall_at_k", "precision_at_k", "mrr", "distinct_passages", "cumulative_recall"]
         names += [f"recall_hop{h}" for h in range(1, MAX_HOPS_REPORTED + 1)]
         return {}, dict.fromkeys(names, reason)
     context = [doc.passage_id for doc in result.context]
@@ -48,7 +48,31 @@ def score_retrieval(turn: GoldQuestion, result: AskResult, k: int) -> Scores:
         "context_recall": metrics.recall_at_k(context, gold, len(context) or 1),
     }
     values.update({f"recall_hop{h}": v for h, v in enumerate(curve, start=1)})
+    retrieved = {pid for hop in hops for pid in hop}
+    values["cumulative_recall"] = sum(1 for g in gold if g in retrieved) / len(gold)
+    values.update(follow_up_yield(result, set(gold)))
     return values, {}
+
+
+def follow_up_yield(result: AskResult, gold: set[str]) -> dict[str, float]:
+    """What the follow-up queries (every query after the first hop's) brought: how many were
+    searched, the gold passages they found that no earlier query had, and how many of them found
+    any; per hop too (`..._hop2`, `..._hop3`). The run's yield is a ratio of these sums."""
+    values: dict[str, float] = {}
+    totals = {"followup_queries": 0.0, "followup_gold": 0.0, "followup_hits": 0.0}
+    for hop in result.hops[1:]:
+        found = {ref.query for ref in hop.documents if ref.new and ref.passage_id in gold}
+        gained = sum(1 for ref in hop.documents if ref.new and ref.passage_id in gold)
+        counts = {
+            "followup_queries": float(len(hop.queries)),
+            "followup_gold": float(gained),
+            "followup_hits": float(len(found)),
+        }
+        if hop.hop <= MAX_HOPS_REPORTED:
+            values.update({f"{name}_hop{hop.hop}": v for name, v in counts.items()})
+        for name, value in counts.items():
+            totals[name] += value
+    return {**totals, **values}
 
 
 def score_answer(turn: GoldQuestion, result: AskResult) -> Scores:
@@ -110,4 +134,5 @@ def score_cost(result: AskResult) -> dict[str, float]:
         "cost_usd": result.cost_usd,
         "latency_s": result.latency_s,
         "distinct_passages": float(len(distinct)),
+        "passages_handed": float(len(result.context)),
     }
