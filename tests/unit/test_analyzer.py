@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from caprag.catalog import Catalog
 from caprag.schemas import Document
 from caprag.steps.analyze import decide, unresolved_references
 from caprag.text import Reference, entities, references
@@ -64,11 +65,11 @@ def test_sufficient_when_nothing_is_missing() -> None:
     assert decision.new_queries == []
 
 
-def test_uncovered_question_terms_are_searched() -> None:
+def test_a_question_no_passage_is_about_is_not_searched_by_its_loose_terms() -> None:
     plain = doc("a/b", "A", "Torches", 5, "A torch burns for one hour.")
     decision = decide("What does a grappling hook weigh and cost?", [plain])
-    assert not decision.sufficient
-    assert decision.new_queries == ["grappling hook weigh cost"]
+    assert not decision.sufficient and decision.new_queries == []
+    assert "no gathered passage is about the question" in decision.reasoning
 
 
 def test_queries_already_searched_are_not_repeated() -> None:
@@ -78,7 +79,7 @@ def test_queries_already_searched_are_not_repeated() -> None:
         searched=["Rapid Strike (Combat, p. 41)", "see Powers, p. 100"],
     )
     assert decision.sufficient
-    assert "nothing left to search" in decision.reasoning
+    assert "nothing left to follow" in decision.reasoning
 
 
 def test_entities_find_rule_names() -> None:
@@ -108,18 +109,25 @@ BRIDGE_QUESTION = (
 )
 
 
-def test_passages_without_citations_are_followed_by_the_names_they_mention() -> None:
-    decision = decide(BRIDGE_QUESTION, [KELD])
+CATALOG = Catalog([KELD, ODENSE])
+"""The corpus's titles: a name is a bridge only when a passage of that title exists."""
+
+
+def test_passages_without_citations_are_followed_by_the_names_the_catalog_knows() -> None:
+    decision = decide(BRIDGE_QUESTION, [KELD], links="names", catalog=CATALOG)
     assert not decision.sufficient
-    assert decision.new_queries[0] == "Odense Boldklub"
-    assert "Keld Bordinggaard" not in decision.new_queries, "the question names it already"
+    assert decision.new_queries == [f"{BRIDGE_QUESTION} Odense Boldklub"]  # the question kept
     assert "named by the passages" in decision.reasoning
+    unlinked = decide(BRIDGE_QUESTION, [KELD], links="names", catalog=Catalog([KELD]))
+    assert unlinked.new_queries == [], "a name no passage is titled by is not followed"
 
 
 def test_a_bridge_whose_passage_is_gathered_or_searched_is_not_followed_again() -> None:
-    assert "Odense Boldklub" not in decide(BRIDGE_QUESTION, [KELD, ODENSE]).new_queries
-    searched = decide(BRIDGE_QUESTION, [KELD], searched=[BRIDGE_QUESTION, "Odense Boldklub"])
-    assert "Odense Boldklub" not in searched.new_queries
+    gathered = decide(BRIDGE_QUESTION, [KELD, ODENSE], links="names", catalog=CATALOG)
+    assert gathered.new_queries == []
+    asked = [BRIDGE_QUESTION, f"{BRIDGE_QUESTION} Odense Boldklub"]
+    searched = decide(BRIDGE_QUESTION, [KELD], searched=asked, links="names", catalog=CATALOG)
+    assert searched.new_queries == []
 
 
 def test_a_corpus_with_citations_is_followed_by_citations_not_by_names() -> None:
@@ -164,7 +172,7 @@ def test_every_pointer_is_followed_when_most_of_the_question_is_missing() -> Non
     assert covered.new_queries == ["Rapid Strike (Combat, p. 41)"], (
         "covered, but the answering sentence defers to Rapid Strike; the aside is not followed"
     )
-    assert covered.reasoning.startswith("the answering sentence defers to")
+    assert covered.reasoning.startswith("the answering sentence points to")
     decision = decide(question + " Trained by a Veteran", [GIFT_WITH_ASIDE])
     assert set(decision.new_queries) == {"Rapid Strike (Combat, p. 41)", "see Core, p. 12"}
 

@@ -4,7 +4,6 @@ CLI over an MLflow store: tests/integration/test_compare_cli.py)."""
 from __future__ import annotations
 
 import itertools
-import time
 
 import numpy as np
 import pandas as pd
@@ -182,15 +181,13 @@ def test_bad_inputs_are_refused() -> None:
 
 
 def test_ten_thousand_resamples_of_300_questions_and_10_metrics_finish() -> None:
-    """Speed is measured by `make bench`; here a generous deadline only catches a hang."""
+    """Speed is measured by `make bench`; here only that every headline metric is compared."""
     rng = np.random.default_rng(0)
     values = {m.name: rng.random(300) for m in registry.headline()}
     a = run_rows(values)
     b = run_rows({m: v + rng.normal(0.02, 0.1, 300) for m, v in values.items()})
-    start = time.perf_counter()
     results = compare_runs(a, b, n_resamples=10_000)
-    assert len(results) == 10 and all(c.p_value is not None for c in results)
-    assert time.perf_counter() - start < 120
+    assert len(results) == len(values) and all(c.p_value is not None for c in results)
 
 
 # --- pairing ---------------------------------------------------------------------------------
