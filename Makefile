@@ -65,6 +65,12 @@ format: setup
 	uv run --frozen ruff format .
 	uv run --frozen ruff check --fix .
 
+reports: setup  ## regenerate the committed reports whose inputs changed, offline, in a clean store (FORCE=1: all of them)
+	$(PY) -m experiments.reports build $(if $(FORCE),--force,)
+
+reports-check: setup  ## exit 1, naming the report and the files that changed, when a committed report no longer matches the code
+	$(PY) -m experiments.reports check
+
 bench: setup  ## measured numbers, written to reports/bench.md
 	$(PY) -m experiments.bench
 

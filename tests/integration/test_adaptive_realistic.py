@@ -1,4 +1,4 @@
-"""Adaptive depth on the bundled corpus: deeper search brings in the cited rule; budgets hold."""
+"""Adaptive depth on the bundled corpus: a deeper round searches the cited rule; budgets hold."""
 
 from __future__ import annotations
 
@@ -14,21 +14,15 @@ from tests.fakes import ManualClock
 pytestmark = pytest.mark.slow
 
 
-def strategy(index: PassageIndex, stop_when_unchanged: bool = False) -> AdaptiveDepthStrategy:
+def strategy(index: PassageIndex) -> AdaptiveDepthStrategy:
     # A clock that never moves: these tests are about depth, and a loaded machine cannot cut a
     # deeper search short.
-    return AdaptiveDepthStrategy(
-        index, rule_steps(), clock=ManualClock(), stop_when_unchanged=stop_when_unchanged
-    )
+    return AdaptiveDepthStrategy(index, rule_steps(), clock=ManualClock())
 
 
 async def test_cross_reference_is_reached_by_going_deeper(corpus_index: PassageIndex) -> None:
     rows = load_questions(QUESTIONS_DIR / "cross_book.jsonl")
     text = next(q.question for q in rows if q.id == "cb-a-001")  # the gift cites Rapid Strike
-    stopped = await strategy(corpus_index, True).execute(GraphState(main_question=text))
-    last = stopped.hops[-1]  # the cited rule ranks 16-30: the top-k stop is what it costs
-    assert (last.depth, last.adaptive_decision) == (2, "top_k_unchanged") and last.warning
-    assert "Rapid Strike (Combat, p. 41)" in (last.missing_info or [])
     state = await strategy(corpus_index).execute(GraphState(main_question=text))
     assert len(state.hops) >= 2
     first = state.hops[0]
@@ -37,7 +31,8 @@ async def test_cross_reference_is_reached_by_going_deeper(corpus_index: PassageI
     assert "Rapid Strike (Combat, p. 41)" not in (state.hops[-1].missing_info or [])
     ids = [d.passage_id for d in state.context]
     assert {"talents/trained-by-a-veteran", "combat/rapid-strike"} <= set(ids)
-    assert [h.chunks for h in state.hops] == [5, 15, 30][: len(state.hops)]
+    assert "Rapid Strike (Combat, p. 41)" in state.hops[1].queries  # a citation, not the same query
+    assert all(h.chunks is not None and h.chunks <= n for h, n in zip(state.hops, (5, 15, 30)))
     confidences = [h.confidence or 0.0 for h in state.hops]
     assert confidences == sorted(confidences)
 
