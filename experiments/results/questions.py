@@ -160,11 +160,6 @@ def load_conversations(path: Path | str) -> list[Conversation]:
     return [item for _, item in items if isinstance(item, Conversation)]
 
 
-def set_path(name: str, root: Path = QUESTIONS_DIR) -> Path:
-    """Where a named set lives."""
-    return root / f"{name}.jsonl"
-
-
 def content_hash(paths: Sequence[Path]) -> str:
     """sha256 over the files' bytes, for run metadata."""
     digest = hashlib.sha256()
