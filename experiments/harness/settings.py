@@ -10,7 +10,6 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from caprag.errors import ConfigError
-from experiments.harness import workers
 
 URI_FORMS = (
     "sqlite:///PATH, file:PATH, a plain folder path, http(s)://HOST[:PORT], "
@@ -19,6 +18,9 @@ URI_FORMS = (
 
 DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")
 """SQLAlchemy stores MLflow opens (with or without a driver: postgresql+psycopg2://...)."""
+
+WORKERS_AUTO = "auto"
+"""experiment.workers=auto (experiments.harness.workers.AUTO: that module is not imported here)."""
 
 SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
 
@@ -148,8 +150,8 @@ def check_settings(cfg: DictConfig) -> None:
 
 
 def _workers(cfg: DictConfig) -> None:
-    value = OmegaConf.select(cfg, "experiment.workers", default=workers.AUTO)
-    if value != workers.AUTO and (
+    value = OmegaConf.select(cfg, "experiment.workers", default=WORKERS_AUTO)
+    if value != WORKERS_AUTO and (
         isinstance(value, bool) or not isinstance(value, int) or value < 1
     ):
         raise _bad(
