@@ -25,7 +25,7 @@ from omegaconf.errors import MissingMandatoryValue
 
 from caprag.errors import CapragError
 from experiments.harness import cluster, groups
-from experiments.harness.settings import check_settings
+from experiments.harness.settings import check_override_keys, check_settings
 
 if TYPE_CHECKING:
     from experiments.harness import workers
@@ -272,8 +272,19 @@ cluster.quiet_launcher_schema_warning()
 groups.offer_registered()  # before @hydra.main composes: registered names are group members
 
 
+def main() -> None:
+    """`python -m experiments.run`: a typo'd key of a closed group fails with "did you mean"
+    (exit 2), before Hydra composes; then the Hydra shell."""
+    try:
+        check_override_keys([arg for arg in sys.argv[1:] if not arg.startswith("-")])
+    except CapragError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    hydra_main()
+
+
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="config")
-def main(cfg: DictConfig) -> float | None:
+def hydra_main(cfg: DictConfig) -> float | None:
     """Hydra entry point: resolve the config and run it. Exit 2 with a one-line error on bad
     input (before any question is asked); exit 1 when every question of the run failed."""
     sweep_id = None
