@@ -1,12 +1,12 @@
 """`python -m experiments.run strategy=multi-hop [...]`: one experiment (or a sweep with -m).
 
-`main` is a thin Hydra shell; `run(cfg)` does the work and is what tests call. It reads top to
-bottom: check the settings, build the components, pick the run (new or resumed), answer every
-question (journaled, traced), aggregate, log.
+`main` checks the command line's keys and calls `hydra_main`, a thin Hydra shell; `run(cfg)` does
+the work and is what tests call. It reads top to bottom: check the settings, build the components,
+pick the run (new or resumed), answer every question (journaled, traced), aggregate, log.
 
 Only Hydra, OmegaConf and the settings check are imported with this module: MLflow, LangChain,
 Chroma, RAGAS and pandas come in with the harness's other modules, imported by `run` once the
-settings are checked, so a typo'd override or `--help` answers in a second or two, not ten.
+settings are checked, so a typo'd override or `--help` costs about a CPU-second, not eight.
 """
 
 from __future__ import annotations
