@@ -13,6 +13,19 @@ T = TypeVar("T")
 
 Listener = Callable[[str, T], None]
 
+_REGISTRIES: list[Registry[object]] = []
+_WATCHERS: list[tuple[str, Listener[object]]] = []
+
+
+def watch(kind: str, listener: Listener[object]) -> None:
+    """Call `listener(name, entry)` for every entry of the registry of `kind` (created now or
+    later) and for each one registered later: a caller that must see registrations (Hydra's
+    groups) need not import the module that holds the registry and its heavy dependencies."""
+    _WATCHERS.append((kind, listener))
+    for registry in list(_REGISTRIES):
+        if registry.kind == kind:
+            registry.on_register(listener)
+
 
 class Registry(Mapping[str, T]):
     """Name → entry, in registration order; read it like a dict (`REG[name]`, `name in REG`)."""
@@ -22,6 +35,10 @@ class Registry(Mapping[str, T]):
         """What the entries are ('retriever', 'strategy'), for error messages."""
         self._entries: dict[str, T] = {}
         self._listeners: list[Listener[T]] = []
+        _REGISTRIES.append(self)  # type: ignore[arg-type]  # watchers see entries as objects
+        for watched, listener in _WATCHERS:
+            if watched == kind:
+                self.on_register(listener)
 
     def register(self, name: str, entry: T, *, replace: bool = False) -> T:
         """Add an entry under `name` (registering the same entry again changes nothing; another

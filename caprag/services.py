@@ -38,7 +38,7 @@ from caprag.decision_log import (
 )
 from caprag.errors import CapragError, EmptyQuestionError
 from caprag.graph import HISTORY_PAIRS, build_graph
-from caprag.llm import StructuredClient, build_openai_client
+from caprag.llm import StructuredClient
 from caprag.schemas import CallUsage, Document, Source
 from caprag.state import GraphState
 from caprag.steps import ROLES, Steps, build_steps
@@ -130,6 +130,8 @@ def validate_question(question: str) -> str:
 
 
 def _client(settings: Settings, model: str) -> StructuredClient:
+    from caprag.llm.openai import build_openai_client  # the openai SDK: only for CAPRAG_LLM=openai
+
     return build_openai_client(
         model,
         api_key=settings.openai_api_key,

@@ -1,17 +1,23 @@
 """The config group members the registries add: a registered retriever or strategy without a
 yaml in conf/ is still choosable as `retriever=NAME` / `strategy=NAME`, as a structured config
-node in Hydra's ConfigStore (the yaml, where there is one, says more: comments, tuned values)."""
+node in Hydra's ConfigStore (the yaml, where there is one, says more: comments, tuned values).
+
+The registries are watched, not imported: the modules that hold them import LangChain, LangGraph
+and Chroma, which a command that fails on a typo'd override never needs (every built-in member
+has a yaml; a plugin's registers when CAPRAG_PLUGINS imports it, before Hydra composes)."""
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra.core.config_store import ConfigStore
 
+from caprag import registry
 from caprag.config import PROJECT_ROOT
-from caprag.retrievers import RETRIEVERS
-from caprag.strategies import STRATEGIES, RetrievalStrategy
+
+if TYPE_CHECKING:
+    from caprag.strategies import RetrievalStrategy
 
 CONF = PROJECT_ROOT / "conf"
 DEFAULT_K = 8
@@ -45,5 +51,5 @@ def _offer(group: str, name: str, node: dict[str, Any]) -> None:
 def offer_registered() -> None:
     """Put every registered retriever and strategy without a yaml into its group, now and
     whenever one is registered later (once per process)."""
-    RETRIEVERS.on_register(lambda name, _kind: _offer("retriever", name, retriever_node(name)))
-    STRATEGIES.on_register(lambda name, cls: _offer("strategy", name, strategy_node(cls)))
+    registry.watch("retriever", lambda name, _kind: _offer("retriever", name, retriever_node(name)))
+    registry.watch("strategy", lambda name, cls: _offer("strategy", name, strategy_node(cls)))  # type: ignore[arg-type]

@@ -1,8 +1,12 @@
 """`python -m experiments.run strategy=multi-hop [...]`: one experiment (or a sweep with -m).
 
-`main` is a thin Hydra shell; `run(cfg)` does the work and is what tests call. It reads top to
-bottom: check the settings, build the components, pick the run (new or resumed), answer every
-question (journaled, traced), aggregate, log.
+`main` checks the command line's keys and calls `hydra_main`, a thin Hydra shell; `run(cfg)` does
+the work and is what tests call. It reads top to bottom: check the settings, build the components,
+pick the run (new or resumed), answer every question (journaled, traced), aggregate, log.
+
+Only Hydra, OmegaConf and the settings check are imported with this module: MLflow, LangChain,
+Chroma, RAGAS and pandas come in with the harness's other modules, imported by `run` once the
+settings are checked, so a typo'd override or `--help` costs about a CPU-second, not eight.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import asyncio
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -20,36 +24,20 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from caprag.errors import CapragError
-from experiments.harness import cluster, groups, workers
-from experiments.harness.build import (
-    Components,
-    build_components,
-    evaluator_for,
-    repeat_evaluator,
-    row_cache,
-)
-from experiments.harness.data import EvalCase
-from experiments.harness.dryrun import (
-    CostEstimate,
-    client_config,
-    estimate_cost,
-)
-from experiments.harness.identity import (
-    DEFAULT_RETRIEVER,
-    RunIdentity,
-    describe_setup,
-    resolved_setup,
-    retriever_label,
-    run_tags,
-)
-from experiments.harness.journal import Journal, case_key
-from experiments.harness.reuse import RowCache
-from experiments.harness.settings import check_settings
-from experiments.results import traces, tracking
-from experiments.results.aggregate import Aggregate, aggregate, failures, summary_metrics
-from experiments.results.questions import DatasetError
-from experiments.results.row import QuestionRow
-from experiments.results.tables import run_table
+from experiments.harness import cluster, groups
+from experiments.harness.settings import check_override_keys, check_settings
+
+if TYPE_CHECKING:
+    from experiments.harness import workers
+    from experiments.harness.build import Components
+    from experiments.harness.data import EvalCase
+    from experiments.harness.dryrun import CostEstimate
+    from experiments.harness.identity import RunIdentity
+    from experiments.harness.journal import Journal
+    from experiments.harness.reuse import RowCache
+    from experiments.results import traces
+    from experiments.results.aggregate import Aggregate
+    from experiments.results.row import QuestionRow
 
 
 @dataclass
@@ -73,6 +61,8 @@ class RunResult:
     @property
     def all_failed(self) -> bool:
         """Every question of the run failed: it has rows but no result."""
+        from experiments.results.aggregate import failures
+
         return failures(self.rows).all_failed
 
     def mean(self, metric: str) -> float | None:
@@ -92,6 +82,22 @@ def run(
     `given`: the config groups the command line chose (so the run says which it defaulted).
     """
     check_settings(cfg)
+    # 1. the settings are good: now the harness (and MLflow, LangChain, Chroma, pandas) is needed
+    from experiments.harness import workers
+    from experiments.harness.build import build_components, evaluator_for, row_cache
+    from experiments.harness.dryrun import client_config, estimate_cost
+    from experiments.harness.identity import (
+        DEFAULT_RETRIEVER,
+        RunIdentity,
+        describe_setup,
+        resolved_setup,
+        retriever_label,
+        run_tags,
+    )
+    from experiments.results import traces
+    from experiments.results.aggregate import aggregate, failures, summary_metrics
+    from experiments.results.tables import run_table
+
     dry = bool(cfg.experiment.dry_run)
     if not dry:
         if cfg.tracking.enabled and cfg.tracking.traces:
@@ -197,6 +203,9 @@ async def _evaluate_repeats(
     Cases the journal has (a resumed run) or the row cache has (an identical earlier run) are not
     asked again. A case that finishes is journaled, offered to the row cache and its traces
     queued for the writer; a reused case's traces are queued too (this run has none yet)."""
+    from experiments.harness.build import repeat_evaluator
+    from experiments.harness.journal import case_key
+
     rows: list[QuestionRow] = []
     for repeat in range(repeats):
 
@@ -235,6 +244,8 @@ def _resume_traces(
 ) -> None:
     """Point the writer at the run (its traces tagged with the strategy); a resumed run first
     queues the journaled questions whose trace the killed process did not write."""
+    from experiments.results import traces
+
     assert identity.uri is not None and identity.experiment_id is not None
     target = traces.Target(identity.uri, identity.experiment_id, run_id, strategy)
     trace_writer.bind(target)
@@ -247,6 +258,8 @@ def _resume_traces(
 def _log(result: RunResult, trace_writer: traces.TraceWriter | None, uri: str | None) -> int:
     """Results and table into the open run (while the trace writer writes its last batch), then
     waits for the writer."""
+    from experiments.results import tracking
+
     if trace_writer is not None:
         trace_writer.finish()
     tracking.log_results(result.rows, result.aggregates, result.summary)
@@ -259,8 +272,19 @@ cluster.quiet_launcher_schema_warning()
 groups.offer_registered()  # before @hydra.main composes: registered names are group members
 
 
+def main() -> None:
+    """`python -m experiments.run`: a typo'd key of a closed group fails with "did you mean"
+    (exit 2), before Hydra composes; then the Hydra shell."""
+    try:
+        check_override_keys([arg for arg in sys.argv[1:] if not arg.startswith("-")])
+    except CapragError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    hydra_main()
+
+
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="config")
-def main(cfg: DictConfig) -> float | None:
+def hydra_main(cfg: DictConfig) -> float | None:
     """Hydra entry point: resolve the config and run it. Exit 2 with a one-line error on bad
     input (before any question is asked); exit 1 when every question of the run failed."""
     sweep_id = None
@@ -272,7 +296,14 @@ def main(cfg: DictConfig) -> float | None:
     except MissingMandatoryValue as exc:
         print(f"error: {exc.full_key} must be set ({exc.full_key}=...)", file=sys.stderr)
         sys.exit(2)
-    except (CapragError, DatasetError, FileNotFoundError) as exc:
+    except (CapragError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except Exception as exc:
+        from experiments.results.questions import DatasetError  # loaded by run: imports nothing
+
+        if not isinstance(exc, DatasetError):
+            raise
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     if result.all_failed and sweep_id is None:

@@ -1,16 +1,23 @@
-"""Every harness setting checked against what it allows, before anything is built or run."""
+"""Every harness setting checked against what it allows, before anything is built or run.
+
+One pydantic schema of the settings (`Settings`): each field says what it allows in its
+description, and a bad value becomes one line naming the key, the value and that description; a
+key the schema does not know gets "did you mean" from the keys it does.
+"""
 
 from __future__ import annotations
 
-import math
+import difflib
 import os
 import re
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Literal, get_args
 
 from omegaconf import DictConfig, OmegaConf
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
 from caprag.errors import ConfigError
-from experiments.harness import workers
 
 URI_FORMS = (
     "sqlite:///PATH, file:PATH, a plain folder path, http(s)://HOST[:PORT], "
@@ -20,10 +27,199 @@ URI_FORMS = (
 DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")
 """SQLAlchemy stores MLflow opens (with or without a driver: postgresql+psycopg2://...)."""
 
+WORKERS_AUTO = "auto"
+"""experiment.workers=auto (experiments.harness.workers.AUTO: that module is not imported here)."""
+
 SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
+
+NOT_ALLOWED = "not_allowed"
+"""The error type of a check across fields; its context holds key, value and allowed."""
+
+
+def whole(minimum: int, meaning: str) -> Any:
+    """A whole number of at least `minimum`."""
+    return Field(ge=minimum, description=f"a whole number of at least {minimum} ({meaning})")
+
+
+def whole_or_null(minimum: int, null: str, meaning: str) -> Any:
+    """A whole number of at least `minimum`, or null (meaning `null`)."""
+    allowed = f"a whole number of at least {minimum} or null for {null} ({meaning})"
+    return Field(ge=minimum, description=allowed)
+
+
+def above_zero(meaning: str) -> Any:
+    """A number above 0."""
+    return Field(gt=0, allow_inf_nan=False, description=f"a number above 0 ({meaning})")
+
+
+def at_least_zero(meaning: str) -> Any:
+    """A number of at least 0."""
+    return Field(ge=0, allow_inf_nan=False, description=f"a number at least 0 ({meaning})")
+
+
+def flag(meaning: str) -> Any:
+    """true or false."""
+    return Field(description=f"true or false ({meaning})")
+
+
+class Section(BaseModel):
+    """A group of settings: strict types (no 'yes' for true, no '3' for 3)."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+class Closed(Section):
+    """A group whose every key the schema knows: another key is a typo."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class Index(Section):
+    chunk_chars: Annotated[int | None, whole(1, "characters per embedded chunk")] = None
+
+
+class Retriever(Section):
+    k: Annotated[int, whole(1, "passages handed to generation")]
+    index: Index | None = None
+
+
+class Experiment(Closed):
+    name: Annotated[str | int, Field(description="a run name")] = "default"
+    concurrency: Annotated[int, whole(1, "questions in flight at once")] = 4
+    workers: Annotated[
+        Literal["auto"] | Annotated[int, Field(ge=1)],
+        Field(
+            description="auto or a whole number of at least 1 (processes that answer the questions)"
+        ),
+    ] = "auto"
+    limit: Annotated[int | None, whole_or_null(1, "every case", "run the first N cases")] = None
+    limit_per_set: Annotated[
+        Annotated[int, Field(ge=1)] | dict[str, Annotated[int, Field(ge=1)]] | None,
+        Field(
+            description="a whole number of at least 1 or null for every case (the first N cases "
+            "of each set, or per set {single_book: 3, follow_up: 1})",
+            json_schema_extra={
+                "each": "a whole number of at least 1 (the first N cases of that set)"
+            },
+        ),
+    ] = None
+    question_timeout_s: Annotated[float, above_zero("seconds one question may take")] = 120.0
+    progress: Annotated[bool, flag("show a progress bar")] = True
+    ragas: Annotated[bool, flag("compute the offline RAGAS metrics")] = True
+    tags: Annotated[dict[str, Any], Field(description="a mapping of tag names to values")] = {}
+    cache: Annotated[bool, flag("answer identical LLM calls from paths.cache")] = True
+    resume: Annotated[
+        str | int | None,
+        Field(description="auto, never or the RUN_ID of an unfinished run"),
+    ] = "auto"
+    dry_run: Annotated[bool, flag("estimate the cost and ask nothing")] = False
+    dry_run_sample: Annotated[int, whole(1, "questions the dry run asks offline")] = 8
+    repeats: Annotated[int, whole(1, "times every question is run")] = 1
+    seed: Annotated[int, Field(description="a whole number (the LLM seed of the first repeat)")] = 0
+    metric_modules: Annotated[
+        list[str] | None, Field(description="a list of module names that register metrics")
+    ] = None
+
+    @model_validator(mode="after")
+    def _resume_names_something(self) -> Experiment:
+        if self.resume is not None and not str(self.resume).strip():
+            raise not_allowed(
+                "experiment.resume", self.resume, "auto, never or the RUN_ID of an unfinished run"
+            )
+        return self
+
+
+class Pipeline(Closed):
+    rewrite: Annotated[bool, flag("rewrite follow-ups into standalone questions")] = True
+    history_pairs: Annotated[int, whole(0, "question/answer pairs the steps see")] = 20
+
+
+class Tracking(Closed):
+    enabled: Annotated[bool, flag("log the run to MLflow")] = True
+    uri: Annotated[str | None, Field(description=URI_FORMS)] = None
+    experiment_name: Annotated[
+        str | None, Field(description="a non-empty MLflow experiment name")
+    ] = "caprag"
+    traces: Annotated[bool, flag("one MLflow trace per question")] = True
+
+    @model_validator(mode="after")
+    def _named_when_enabled(self) -> Tracking:
+        name = self.experiment_name
+        if self.enabled and (name is None or not name.strip()):
+            raise not_allowed(
+                "tracking.experiment_name", name, "a non-empty MLflow experiment name"
+            )
+        return self
+
+
+class Strategy(Section):
+    """The numbers of the chosen strategy group (the strategy checks how they fit together)."""
+
+    max_hops: Annotated[int, whole(1, "hops of multi-hop")] = 3
+    follow_k: Annotated[int, whole(1, "passages kept per follow-up query")] = 1
+    n_subquestions: Annotated[
+        int, whole(1, "sub-questions of an expansion (strategy=single for none)")
+    ] = 1
+    max_depth: Annotated[int, whole(1, "deepest adaptive depth")] = 3
+    max_iterations: Annotated[int, whole(1, "adaptive searches in all")] = 3
+    max_chunks: Annotated[int, whole(1, "passages adaptive gathers in all")] = 1
+    max_context_tokens: Annotated[int, whole(1, "tokens of the passages handed to generation")] = 1
+    expand_first_hop: Annotated[bool, flag("also search the expansion on hop 1")] = False
+    timeout_s: Annotated[float, above_zero("seconds adaptive may search")] = 1.0
+    depth_chunks: Annotated[
+        list[Annotated[int, Field(ge=1)]] | None,
+        Field(
+            description="a list of whole numbers of at least 1 (passages searched at depth 1, 2, 3)"
+        ),
+    ] = None
+
+
+class Client(Section):
+    """The client settings of an LLM backend."""
+
+    timeout_s: Annotated[float, above_zero("seconds one LLM call may take")] = 30.0
+    max_retries: Annotated[int, whole(0, "retries of a failed call")] = 3
+    parse_attempts: Annotated[int, whole(1, "tries to get a parseable reply")] = 3
+    max_output_tokens: Annotated[int, whole(1, "the output cap of one reply")] = 512
+    temperature: Annotated[float, at_least_zero("the sampling temperature")] = 0.0
+
+
+class Llm(Section):
+    client: Client | None = None
+
+
+class Judge(Section):
+    max_output_tokens: Annotated[
+        int | None,
+        whole_or_null(1, "the server's default", "the output cap of one judge reply"),
+    ] = None
+
+
+class Settings(Section):
+    """The harness settings `run` reads, as one schema."""
+
+    retriever: Retriever
+    experiment: Experiment
+    pipeline: Pipeline
+    tracking: Tracking
+    strategy: Strategy
+    llm: Llm
+    judge: Judge | None = None
+
+
+SECTIONS = ("retriever", "experiment", "pipeline", "tracking", "strategy", "llm", "judge")
+
+
+def not_allowed(key: str, value: Any, allowed: str) -> PydanticCustomError:
+    """A check across fields that failed, as pydantic reports it (key, value, allowed kept)."""
+    return PydanticCustomError(
+        NOT_ALLOWED, "{key} is not allowed", {"key": key, "value": value, "allowed": allowed}
+    )
 
 
 def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
     return "null" if value is None else repr(value) if isinstance(value, str) else str(value)
 
 
@@ -31,52 +227,106 @@ def _bad(key: str, value: Any, allowed: str) -> ConfigError:
     return ConfigError(f"{key}={_shown(value)} is not allowed: expected {allowed}")
 
 
-def _whole(cfg: DictConfig, key: str, minimum: int | None, meaning: str, *, null: str = "") -> None:
-    """A whole number of at least `minimum` (or null when `null` says what null means)."""
-    value = OmegaConf.select(cfg, key, default=None)
-    if value is None and null:
-        return
-    whole = not isinstance(value, bool) and isinstance(value, int)
-    if not whole or (minimum is not None and value < minimum):
-        bound = f" of at least {minimum}" if minimum is not None else ""
-        alternative = f" or null for {null}" if null else ""
-        raise _bad(key, value, f"a whole number{bound}{alternative} ({meaning})")
+def _section_data(cfg: DictConfig) -> dict[str, Any]:
+    """The checked sections as plain data (interpolations resolved); an llm group built by its
+    own `_target_` has no client settings to check."""
+    data: dict[str, Any] = {}
+    for name in SECTIONS:
+        node = OmegaConf.select(cfg, name, default=None)
+        data[name] = (
+            OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+        )
+    llm = data.get("llm")
+    if isinstance(llm, dict) and "_target_" in llm:
+        data["llm"] = {k: v for k, v in llm.items() if k != "client"}
+    return data
 
 
-def _positive(cfg: DictConfig, key: str, meaning: str, *, zero: bool = False) -> None:
-    """A number above 0 (or at least 0 with `zero`)."""
-    value = OmegaConf.select(cfg, key, default=None)
-    number = not isinstance(value, bool) and isinstance(value, int | float)
-    if not number or math.isnan(value) or (value < 0 if zero else value <= 0):
-        bound = "at least 0" if zero else "above 0"
-        raise _bad(key, value, f"a number {bound} ({meaning})")
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The schema class a field holds (also inside `X | None`), else None."""
+    for candidate in (annotation, *get_args(annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
 
 
-def _flag(cfg: DictConfig, key: str, meaning: str) -> None:
-    value = OmegaConf.select(cfg, key, default=None)
-    if not isinstance(value, bool):
-        raise _bad(key, value, f"true or false ({meaning})")
+def _locate(loc: Sequence[int | str], data: Any) -> tuple[list[str], Any, Any, bool]:
+    """Follow an error's location through the schema and the data: (key path, value there, the
+    field it belongs to, whether the last step is a key the schema does not know)."""
+    model: type[BaseModel] | None = Settings
+    field = None
+    path: list[str] = []
+    value = data
+    for step in loc:
+        if model is not None and isinstance(step, str):
+            if step not in model.model_fields:
+                path.append(step)
+                value = value.get(step) if isinstance(value, Mapping) else None
+                return path, value, model, True
+            field = model.model_fields[step]
+            model = _model_of(field.annotation)
+        elif isinstance(step, int) and isinstance(value, list):
+            break  # an element of a list: the list is named and shown whole
+        elif not (isinstance(value, Mapping) and step in value):
+            continue  # the member of a union pydantic tried (`int`, `dict[str,...]`)
+        path.append(str(step))
+        value = value[step] if isinstance(value, Mapping) else None
+    return path, value, field, False
 
 
-def _limit_per_set(cfg: DictConfig) -> None:
-    key = "experiment.limit_per_set"
-    value = OmegaConf.select(cfg, key, default=None)
-    if isinstance(value, DictConfig):
-        for name, keep in value.items():
-            if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-                raise _bad(
-                    f"{key}.{name!s}",
-                    keep,
-                    "a whole number of at least 1 (the first N cases of that set)",
-                )
-        return
-    _whole(
-        cfg,
-        key,
-        1,
-        "the first N cases of each set, or per set {single_book: 3, follow_up: 1}",
-        null="every case",
-    )
+def _did_you_mean(name: str, model: type[BaseModel]) -> str:
+    known = sorted(model.model_fields)
+    close = difflib.get_close_matches(name, known, n=1)
+    if close:
+        return f"did you mean {close[0]!r}?"
+    return "known keys: " + ", ".join(known)
+
+
+def _one_line(error: ValidationError, data: dict[str, Any]) -> ConfigError:
+    """The error a user acts on: the deepest key of the first setting that failed."""
+    best: tuple[list[str], Any, Any, bool] | None = None
+    for item in error.errors():
+        if item["type"] == NOT_ALLOWED:
+            ctx = item.get("ctx") or {}
+            return _bad(ctx["key"], ctx["value"], ctx["allowed"])
+        found = _locate(item["loc"], data)
+        if best is None or (best[0][:1] == found[0][:1] and len(found[0]) > len(best[0])):
+            best = found
+    assert best is not None
+    path, value, field, unknown = best
+    key = ".".join(path)
+    if unknown:
+        section = ".".join(path[:-1])
+        return ConfigError(
+            f"{key}={_shown(value)} is not allowed: {section} has no setting {path[-1]!r}; "
+            + _did_you_mean(path[-1], field)
+        )
+    allowed = field.description if field is not None else None
+    extra = field.json_schema_extra if field is not None else None
+    if isinstance(extra, dict) and isinstance(extra.get("each"), str) and len(path) > 2:
+        allowed = extra["each"]  # an entry of a mapping (limit_per_set.single_book)
+    return _bad(key, value, allowed or "a valid value")
+
+
+def check_override_keys(overrides: Sequence[str]) -> None:
+    """Command-line overrides of keys a closed group (experiment, pipeline, tracking) does not
+    have, as one line with "did you mean", before Hydra refuses them without a suggestion."""
+    for override in overrides:
+        key, equals, value = override.partition("=")
+        section, dot, name = key.partition(".")
+        field = Settings.model_fields.get(section) if dot else None
+        model = _model_of(field.annotation) if field is not None else None
+        if (
+            equals
+            and model is not None
+            and issubclass(model, Closed)
+            and "." not in name
+            and name not in model.model_fields
+        ):
+            raise ConfigError(
+                f"{key}={value} is not allowed: {section} has no setting {name!r}; "
+                + _did_you_mean(name, model)
+            )
 
 
 def check_tracking_uri(cfg: DictConfig) -> None:
@@ -108,101 +358,10 @@ def check_settings(cfg: DictConfig) -> None:
 
     Raises ConfigError naming the key, its value and what is allowed (one line).
     """
-    _whole(cfg, "retriever.k", 1, "passages handed to generation")
-    if OmegaConf.select(cfg, "retriever.index.chunk_chars", default=None) is not None:
-        _whole(cfg, "retriever.index.chunk_chars", 1, "characters per embedded chunk")
-    _whole(cfg, "experiment.limit", 1, "run the first N cases", null="every case")
-    _limit_per_set(cfg)
-    _whole(cfg, "experiment.concurrency", 1, "questions in flight at once")
-    _workers(cfg)
-    _whole(cfg, "experiment.repeats", 1, "times every question is run")
-    _positive(cfg, "experiment.question_timeout_s", "seconds one question may take")
-    _whole(cfg, "experiment.dry_run_sample", 1, "questions the dry run asks offline")
-    _whole(cfg, "experiment.seed", None, "the LLM seed of the first repeat")
-    _flag(cfg, "experiment.dry_run", "estimate the cost and ask nothing")
-    _flag(cfg, "experiment.progress", "show a progress bar")
-    _flag(cfg, "experiment.ragas", "compute the offline RAGAS metrics")
-    _flag(cfg, "experiment.cache", "answer identical LLM calls from paths.cache")
-    resume = OmegaConf.select(cfg, "experiment.resume", default=None)
-    if resume is not None and (OmegaConf.is_config(resume) or not str(resume).strip()):
-        raise _bad("experiment.resume", resume, "auto, never or the RUN_ID of an unfinished run")
-    _flag(cfg, "pipeline.rewrite", "rewrite follow-ups into standalone questions")
-    _whole(cfg, "pipeline.history_pairs", 0, "question/answer pairs the steps see")
-    _flag(cfg, "tracking.enabled", "log the run to MLflow")
-    _flag(cfg, "tracking.traces", "one MLflow trace per question")
-    if cfg.tracking.enabled:
-        name = OmegaConf.select(cfg, "tracking.experiment_name", default=None)
-        if not isinstance(name, str) or not name.strip():
-            raise _bad("tracking.experiment_name", name, "a non-empty MLflow experiment name")
+    data = _section_data(cfg)
+    try:
+        Settings.model_validate(data)
+    except ValidationError as exc:
+        raise _one_line(exc, data) from None
+    if data["tracking"].get("enabled"):
         check_tracking_uri(cfg)
-    _check_strategy(cfg)
-    _check_llm(cfg)
-    if cfg.judge is not None and "max_output_tokens" in cfg.judge:
-        _whole(
-            cfg,
-            "judge.max_output_tokens",
-            1,
-            "the output cap of one judge reply",
-            null="the server's default",
-        )
-
-
-def _workers(cfg: DictConfig) -> None:
-    value = OmegaConf.select(cfg, "experiment.workers", default=workers.AUTO)
-    if value != workers.AUTO and (
-        isinstance(value, bool) or not isinstance(value, int) or value < 1
-    ):
-        raise _bad(
-            "experiment.workers",
-            value,
-            "auto or a whole number of at least 1 (processes that answer the questions)",
-        )
-
-
-STRATEGY_MINIMUMS = {
-    "max_hops": (1, "hops of multi-hop"),
-    "follow_k": (1, "passages kept per follow-up query"),
-    "n_subquestions": (1, "sub-questions of an expansion (strategy=single for none)"),
-    "max_depth": (1, "deepest adaptive depth"),
-    "max_iterations": (1, "adaptive searches in all"),
-    "max_chunks": (1, "passages adaptive gathers in all"),
-    "max_context_tokens": (1, "tokens of the passages handed to generation"),
-}
-
-
-def _check_strategy(cfg: DictConfig) -> None:
-    """The numbers of the chosen strategy group (the strategy checks how they fit together)."""
-    for name, (minimum, meaning) in STRATEGY_MINIMUMS.items():
-        if name in cfg.strategy:
-            _whole(cfg, f"strategy.{name}", minimum, meaning)
-    if "expand_first_hop" in cfg.strategy:
-        _flag(cfg, "strategy.expand_first_hop", "also search the expansion on hop 1")
-    if "timeout_s" in cfg.strategy:
-        _positive(cfg, "strategy.timeout_s", "seconds adaptive may search")
-    chunks = cfg.strategy.get("depth_chunks")
-    whole = OmegaConf.is_list(chunks) and all(
-        isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in chunks
-    )
-    if chunks is not None and not whole:
-        raise _bad(
-            "strategy.depth_chunks",
-            OmegaConf.to_container(chunks) if OmegaConf.is_config(chunks) else chunks,
-            "a list of whole numbers of at least 1 (passages searched at depth 1, 2, 3)",
-        )
-
-
-def _check_llm(cfg: DictConfig) -> None:
-    """The client settings of an LLM backend, when the llm group has one."""
-    client = cfg.llm.get("client") if "_target_" not in cfg.llm else None
-    if not client:
-        return
-    if "timeout_s" in client:
-        _positive(cfg, "llm.client.timeout_s", "seconds one LLM call may take")
-    if "max_retries" in client:
-        _whole(cfg, "llm.client.max_retries", 0, "retries of a failed call")
-    if "parse_attempts" in client:
-        _whole(cfg, "llm.client.parse_attempts", 1, "tries to get a parseable reply")
-    if "max_output_tokens" in client:
-        _whole(cfg, "llm.client.max_output_tokens", 1, "the output cap of one reply")
-    if "temperature" in client:
-        _positive(cfg, "llm.client.temperature", "the sampling temperature", zero=True)

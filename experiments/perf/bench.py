@@ -23,7 +23,7 @@ from caprag.books import Book, load_books
 from caprag.config import BUNDLED_CORPUS, PROJECT_ROOT
 from caprag.embeddings import Embedder, get_embedder
 from caprag.store import IngestReport, PassageIndex
-from experiments.perf import cache, concurrency, overhead, scale
+from experiments.perf import cache, concurrency, overhead, scale, startup
 from experiments.perf import memory as long_run_memory
 
 REPORTS = PROJECT_ROOT / "reports"
@@ -196,6 +196,7 @@ def bench_dashboard() -> dict[str, object]:
 
 
 SECTIONS: dict[str, tuple[str, Callable[[], dict[str, object]]]] = {
+    "startup": ("Start-up of the entry points (whole processes)", startup.section),
     "ingest": ("Ingestion of the bundled corpus (5 books)", bench_ingest),
     "api_load": ("Chat API under load (loopback)", bench_api_load),
     "dashboard": ("Dashboard pages with 200 runs × 300 questions", bench_dashboard),

@@ -34,14 +34,14 @@ from experiments.perf.harness_bench import (
 @contextlib.contextmanager
 def rows_not_reused() -> Iterator[None]:
     """Switch row reuse off in this process (the LLM response cache stays on)."""
-    from experiments.harness import run as run_module
+    from experiments.harness import build as build_module  # run() imports it from there
 
-    original = run_module.row_cache
-    run_module.row_cache = lambda *_args: None
+    original = build_module.row_cache
+    build_module.row_cache = lambda *_args: None
     try:
         yield
     finally:
-        run_module.row_cache = original
+        build_module.row_cache = original
 
 
 def measure(

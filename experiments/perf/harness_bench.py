@@ -189,13 +189,14 @@ def timed_run(
     """run(cfg) with its phases (and any `extra` functions) timed, its printout swallowed:
     (result, phases, wall seconds)."""
     from caprag.store import PassageIndex
+    from experiments.harness import build as build_module  # run() imports build_components there
     from experiments.harness import run as run_module
     from experiments.harness.evaluate import Evaluator
     from experiments.results import tracking
 
     watch = Stopwatch()
     targets: dict[str, tuple[object, str]] = {
-        "setup": (run_module, "build_components"),
+        "setup": (build_module, "build_components"),
         "evaluate": (Evaluator, "run"),
         "scoring": (Evaluator, "_score"),
         "retrieval": (PassageIndex, "search"),

@@ -2,17 +2,20 @@
 
 Each question is one observation: its metric is averaged over the run's repeats (failed rows and
 missing values left out), the two runs are joined on `question_id`, and the per-question
-differences B − A get a bootstrap confidence interval and a sign-flip permutation p-value.
+differences B − A get a percentile bootstrap confidence interval (`scipy.stats.bootstrap`, paired)
+and a sign-flip permutation p-value (`scipy.stats.permutation_test`, permutation_type="samples":
+swapping A and B within a question flips the sign of its difference).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
+from scipy import stats
 
 from experiments.results import metrics as registry
 from experiments.results.tables import markdown_table
@@ -21,7 +24,9 @@ KEY = "question_id"
 ALPHA = 0.05
 MIN_PAIRED = 2
 EXACT_MAX_N = 16
-BLOCK_CELLS = 4_000_000  # draws made at once, as float64 weights (32 MB)
+"""Up to this many paired questions every one of the 2^n sign patterns is tried (exact p)."""
+BATCH = 1_000
+"""Resamples scipy evaluates at once (bounds memory: BATCH x n values per sample)."""
 HEADER = ("metric", "A", "B", "B − A", "{confidence:.0%} CI", "p", "n")
 
 Floats = npt.NDArray[np.float64]
@@ -195,74 +200,69 @@ def compare_runs(
     return compare_pairing(pair_runs(rows_a, rows_b, metrics), n_resamples, confidence, seed)
 
 
+@dataclass(frozen=True)
 class _Draws:
-    """Random resamples and sign flips of n questions, drawn from `seed` alone.
+    """How many resamples (or random sign patterns) to draw, and the seed they come from: every
+    metric gets a fresh generator from the seed, so metrics with as many questions get the same
+    draws."""
 
-    Every metric with the same number of paired questions gets the same draws (as it would from a
-    fresh generator), so one comparison makes them once and keeps them when they fit one block.
-    Each draw is a row of weights, so applying it to a metric is one matrix-vector product.
-    """
+    count: int
+    seed: int
 
-    def __init__(self, count: int, seed: int) -> None:
-        if count < 1:
-            raise ValueError(f"need at least one resample, got {count}")
-        self.count = count
-        self.seed = seed
-        self._kept: dict[tuple[str, int], list[Floats]] = {}
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise ValueError(f"need at least one resample, got {self.count}")
 
-    def resample_means(self, d: Floats) -> Floats:
-        """Mean of d over each resample of its positions drawn with replacement."""
-        blocks = self._blocks(_resample_counts, d.size)
-        return np.concatenate([counts @ d for counts in blocks]) / d.size
-
-    def flipped_sums(self, d: Floats) -> Floats:
-        """Sum of d with each element's sign flipped at random, once per draw."""
-        return np.concatenate([signs @ d for signs in self._blocks(_random_signs, d.size)])
-
-    def _blocks(
-        self, draw: Callable[[np.random.Generator, int, int], Floats], n: int
-    ) -> Iterable[Floats]:
-        key = (draw.__name__, n)
-        if key in self._kept:
-            return self._kept[key]
-        rng = np.random.default_rng(self.seed)
-        step = max(1, BLOCK_CELLS // n)
-        blocks = (draw(rng, min(step, self.count - s), n) for s in range(0, self.count, step))
-        if self.count > step:
-            return blocks  # too large to keep: drawn again, block by block, for each metric
-        self._kept[key] = list(blocks)
-        return self._kept[key]
+    def rng(self) -> np.random.Generator:
+        return np.random.default_rng(self.seed)
 
 
-def _resample_counts(rng: np.random.Generator, rows: int, n: int) -> Floats:
-    """How often each of n positions is drawn in each of `rows` resamples with replacement."""
-    positions = rng.integers(0, n, size=(rows, n), dtype=np.int16 if n <= 2**15 else np.int32)
-    cells = positions + (np.arange(rows, dtype=np.int64) * n)[:, None]
-    return np.bincount(cells.ravel(), minlength=rows * n).reshape(rows, n).astype(float)
+def _mean_difference(a: Floats, b: Floats, axis: int = -1) -> Floats:
+    return np.mean(b - a, axis=axis)
 
 
-def _random_signs(rng: np.random.Generator, rows: int, n: int) -> Floats:
-    """±1 per position and row, from random bytes (far cheaper than a float per position)."""
-    packed = np.frombuffer(rng.bytes(rows * ((n + 7) // 8)), dtype=np.uint8).reshape(rows, -1)
-    return (1.0 - 2.0 * np.unpackbits(packed, axis=1, count=n)).astype(np.float64, copy=False)
+def _absolute_sum(a: Floats, b: Floats, axis: int = -1) -> Floats:
+    return np.abs(np.sum(b - a, axis=axis))
 
 
 def _bootstrap(d: Floats, confidence: float, draws: _Draws) -> BootstrapCI:
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be between 0 and 1, not {confidence}")
-    tail = (1.0 - confidence) / 2.0
-    low, high = np.quantile(draws.resample_means(d), [tail, 1.0 - tail])
-    return BootstrapCI(float(d.mean()), float(low), float(high))
+    diff = float(d.mean())
+    if np.all(d == d[0]):
+        return BootstrapCI(diff, diff, diff)  # every resample has this mean (scipy warns on it)
+    result = stats.bootstrap(
+        (np.zeros_like(d), d),  # the pairs (a, b) shifted so that a = 0: b − a is unchanged
+        _mean_difference,
+        n_resamples=draws.count,
+        batch=BATCH,
+        vectorized=True,
+        paired=True,
+        confidence_level=confidence,
+        method="percentile",
+        rng=draws.rng(),
+    )
+    interval = result.confidence_interval
+    return BootstrapCI(diff, float(interval.low), float(interval.high))
 
 
 def _permutation_p(d: Floats, draws: _Draws) -> float:
-    observed = abs(float(d.sum()))
-    tolerance = 1e-9 * float(np.abs(d).sum())  # the observed pattern must count despite rounding
-    if d.size <= EXACT_MAX_N:
-        signs = 1.0 - 2.0 * ((np.arange(2**d.size)[:, None] >> np.arange(d.size)) & 1)
-        return float(np.mean(np.abs(signs @ d) >= observed - tolerance))
-    count = int(np.count_nonzero(np.abs(draws.flipped_sums(d)) >= observed - tolerance))
-    return (count + 1) / (draws.count + 1)
+    """P(|sum of sign-flipped d| ≥ |sum of d|): the statistic is |sum|, so 'greater' is two-sided.
+
+    scipy enumerates every pattern when n_resamples reaches their number (2^n), which it does
+    for n ≤ EXACT_MAX_N."""
+    count = max(draws.count, 2**d.size) if d.size <= EXACT_MAX_N else draws.count
+    result = stats.permutation_test(
+        (np.zeros_like(d), d),
+        _absolute_sum,
+        permutation_type="samples",
+        n_resamples=count,
+        batch=BATCH,
+        vectorized=True,
+        alternative="greater",
+        rng=draws.rng(),
+    )
+    return float(result.pvalue)
 
 
 def _compare_metric(

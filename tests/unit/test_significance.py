@@ -288,3 +288,43 @@ def test_tables_render_ci_as_an_interval_in_markdown_and_plain_text() -> None:
         "token", "F1", f"{c.mean_a:.3f}", f"{c.mean_b:.3f}", f"+{c.diff:.3f}",
         f"[{c.ci_low:.3f},", f"{c.ci_high:.3f}]", "<0.001", "60",
     ]  # fmt: skip
+
+
+# --- the figures of the hand-written engine, reproduced by scipy.stats ---------------------------
+
+BEFORE_SCIPY = {
+    # (n, seed): (diff, ci_low, ci_high, p) from the hand-written bootstrap / sign-flip engine
+    # (seed=0, 10,000 draws) that scipy.stats.bootstrap / permutation_test replaced
+    (8, 1): (0.035640037321622194, 0.002887229813623853, 0.06519169480823118, 0.0859375),
+    (12, 2): (0.03148350965282623, 1.596630150896878e-05, 0.06136014774616269, 0.07861328125),
+    (16, 3): (0.056343963560624044, 0.021861979965192527, 0.09653350417414519, 0.00860595703125),
+    (17, 4): (0.004212645513980022, -0.04296250732823804, 0.05158400322776406, 0.8617138286171383),
+    (40, 5): (
+        0.028549660323242444,
+        -8.722448285008527e-4,
+        0.05860113539166231,
+        0.0700929907009299,
+    ),
+    (60, 6): (0.007925934927865573, -0.01763158288604923, 0.03376852894944908, 0.5556444355564444),
+    (300, 7): (0.01656276947698778, 0.0060084856837656336, 0.026886441782396787, 0.001999800019998),
+}
+
+
+@pytest.mark.parametrize(("n", "seed"), sorted(BEFORE_SCIPY))
+def test_scipy_reproduces_the_earlier_figures_within_monte_carlo_error(n: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    a = rng.uniform(0.2, 0.7, n)
+    b = a + rng.normal(0.03, 0.1, n)
+    diff, low, high, p = BEFORE_SCIPY[(n, seed)]
+    ci = paired_bootstrap_ci(a, b, seed=0)
+    got_p = paired_permutation_test(a, b, seed=0)
+    assert ci.diff == pytest.approx(diff, abs=1e-12)
+    # two independent sets of 10,000 draws: their 2.5 % quantiles differ by ~0.04 bootstrap SDs
+    # (SE of a tail quantile) and their p by sqrt(2 p (1 - p) / 10,000); allowed: 4 of those
+    sd = float(np.std(b - a, ddof=1)) / np.sqrt(n)
+    assert ci.low == pytest.approx(low, abs=0.15 * sd)
+    assert ci.high == pytest.approx(high, abs=0.15 * sd)
+    if n <= 16:
+        assert got_p == p  # exact enumeration of every sign pattern: no Monte-Carlo error
+    else:
+        assert got_p == pytest.approx(p, abs=4 * np.sqrt(2 * p * (1 - p) / 10_000) + 1e-4)
