@@ -68,8 +68,7 @@ def test_report_and_summary_break_runs_down(
 ) -> None:
     uri, ids, _ = logged
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.setattr(report, "REPORTS", tmp_path)
-    assert report.main([*ids, "--name", "slices"]) == 0
+    assert report.main([*ids, "--name", "slices", "--out", str(tmp_path)]) == 0
     text = (tmp_path / "slices.md").read_text()
     assert "## By question set" in text and "## By question type" in text
     assert "## By gold hops" in text
@@ -80,6 +79,9 @@ def test_report_and_summary_break_runs_down(
     assert summary.main(ids) == 0
     printed = capsys.readouterr().out
     assert "## By question set" in printed and "## By question type" in printed
+    verdict = printed.split("Verdict (")[1].splitlines()
+    assert len(verdict) <= 10, "the summary ends with a verdict of at most ten lines"
+    assert any("cross_book" in line and "cost ×" in line for line in verdict)
 
 
 def test_slice_names_of_odd_set_names_are_valid_mlflow_metric_names() -> None:
