@@ -60,6 +60,27 @@ def test_run_logs_recall_per_set_type_and_gold_hops(logged: tuple[str, list[str]
     assert {r.info.run_id for r in found} == set(ids)
 
 
+def test_mlflow_ui_reads_cost_per_1000_questions_and_the_question_sets_as_datasets(
+    logged: tuple[str, list[str], list],
+) -> None:
+    uri, ids, _ = logged
+    mlflow.set_tracking_uri(uri)
+    run = mlflow.get_run(ids[0])
+    metrics = run.data.metrics
+    assert metrics["cost_per_1k_usd"] == pytest.approx(metrics["cost_usd"] * 1000)
+    assert metrics["cost_per_1k_usd/cross_book"] == pytest.approx(
+        metrics["cost_usd/cross_book"] * 1000
+    )
+    inputs = {d.dataset.name: d for d in run.inputs.dataset_inputs}
+    assert set(inputs) == {"single_book", "cross_book", "follow_up", "unanswerable"}
+    tags = {t.key: t.value for t in inputs["cross_book"].tags}
+    assert tags["mlflow.data.context"] == "evaluation"
+    found = mlflow.search_runs(
+        filter_string="datasets.name = 'cross_book'", output_format="list"
+    )  # the filter the README's MLflow section gives
+    assert set(ids) <= {r.info.run_id for r in found}
+
+
 def test_report_and_summary_break_runs_down(
     logged: tuple[str, list[str], list],
     tmp_path: Path,
