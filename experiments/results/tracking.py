@@ -237,7 +237,7 @@ def log_results(
 
 PER_1K = "cost_per_1k_usd"
 """The cost metric again as MLflow's own UI shows it: USD per 1,000 questions (`cost_usd` is per
-question, too small to read on a chart axis), overall and per slice (`cost_per_1k_usd/cross_book`)."""
+question, too small to read on a chart axis), overall and per slice (`cost_per_1k_usd/<set>`)."""
 DATASET_COLUMNS = ("question_id", "set", "query_type", "question", "gold_answer")
 
 
