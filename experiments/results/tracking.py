@@ -253,13 +253,15 @@ def per_thousand(metrics: Mapping[str, float]) -> dict[str, float]:
 def log_question_sets(table: Any) -> None:
     """Each question set of the run as an MLflow dataset input (the runs list's Dataset column):
     its questions and gold answers, named by the set, with MLflow's digest of the content."""
+    from mlflow.data.pandas_dataset import from_pandas  # MLflow's public dataset constructor
+
     columns = [c for c in DATASET_COLUMNS if c in table.columns]
     if "set" not in table.columns or "question_id" not in columns:
         return
     questions = table[columns].drop_duplicates("question_id")
     target = "gold_answer" if "gold_answer" in columns else None
     for name, rows in questions.groupby("set", sort=True):
-        dataset = mlflow.data.from_pandas(
+        dataset = from_pandas(
             rows.reset_index(drop=True), name=str(name), targets=target
         )
         mlflow.log_input(dataset, context="evaluation")
