@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from html import escape
 
-from caprag.config import PowerChoice
+from caprag.config import PowerChoice, power_label
 from caprag.conversation import Turn
 from caprag.decision_log import DecisionRecord, Feedback
 from caprag.schemas import Source
@@ -118,11 +118,12 @@ def power_control(ladder: list[int] | None, default_power: PowerChoice) -> str:
     choices: list[PowerChoice | int] = ["auto", *range(1, len(ladder) + 1)]
     options = "".join(
         f'<option value="{c}"{" selected" if c == default_power else ""}>'
-        f"{c}{' (default)' if c == default_power else ''}</option>"
+        f"{power_label(c)}{' — default' if c == default_power else ''}</option>"
         for c in choices
     )
     return (
-        '  <label title="auto: the strategy chooses the depth; 1-3: force it">power\n'
+        '  <label title="auto: the strategy chooses the depth; 1 quick, 2 balanced, 3 deep: '
+        'force it">power\n'
         f'    <select name="power">{options}</select></label>\n'
     )
 
@@ -211,11 +212,12 @@ def turn(result: AskResult) -> str:
     record = result.decision_log
     if last is not None and last.depth is not None and last.confidence is not None:
         max_depth = record.max_depth if record and record.max_depth else "?"
-        power = f" · power {escape(record.power)}" if record and record.power else ""
+        power = f" · power {escape(power_label(record.power))}" if record and record.power else ""
+        kind = f" · {escape(record.query_type)} question" if record and record.query_type else ""
         adaptive = (
             f'<div class="trace">confidence {last.confidence:.0%} (needs '
             f"{(last.threshold or 0):.0%}) · depth used {last.depth}/{max_depth} · "
-            f"{escape(last.adaptive_decision or '')}{power}</div>"
+            f"{escape(last.adaptive_decision or '')}{power}{kind}</div>"
         )
         if record is not None:
             adaptive += rounds_view(record)

@@ -425,7 +425,10 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
             f"for a {last.query_type} question"
         )
         if forced is not None and forced < self.budget.max_depth:
-            last.hint = f"{short}: raise the power to {forced + 1} to search deeper"
+            last.hint = (
+                f"{short}: raise the power to {forced + 1} to search deeper, or choose auto to "
+                "let it deepen until it is confident"
+            )
             return
         decision = last.adaptive_decision or ""
         if decision == "budget_exhausted:depth" or (forced and last.depth == self.budget.max_depth):

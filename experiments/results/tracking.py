@@ -261,9 +261,7 @@ def log_question_sets(table: Any) -> None:
     questions = table[columns].drop_duplicates("question_id")
     target = "gold_answer" if "gold_answer" in columns else None
     for name, rows in questions.groupby("set", sort=True):
-        dataset = from_pandas(
-            rows.reset_index(drop=True), name=str(name), targets=target
-        )
+        dataset = from_pandas(rows.reset_index(drop=True), name=str(name), targets=target)
         mlflow.log_input(dataset, context="evaluation")
 
 

@@ -50,7 +50,7 @@ def test_without_a_power_the_cli_uses_fixed_depth_2(tmp_path: Path, index_dir: P
     log = tmp_path / "log.db"
     done = ask(tmp_path, index_dir, CROSS_REF, CAPRAG_DECISION_LOG=str(log), **ADAPTIVE)
     assert done.returncode == 0, done.stderr
-    assert "power 2 (default)" in done.stdout
+    assert "power 2 (balanced) (default)" in done.stdout
     assert [r[1:4] + r[6:] for r in ROUND.findall(done.stdout)] == [("2", "3", "4", "forced_depth")]
     forced = ask(
         tmp_path, index_dir, CROSS_REF, "--power", "1", CAPRAG_DECISION_LOG=str(log), **ADAPTIVE

@@ -286,6 +286,7 @@ async def test_forced_power_searches_once_and_hints_when_short(
     assert hop.confidence is not None and hop.threshold is not None
     assert hop.confidence < hop.threshold
     assert hop.hint is not None and "raise the power to 2" in hop.hint
+    assert "or choose auto" in hop.hint  # auto deepens until confident: offered too
 
     deeper = await run(strategy, CROSS_REF_UNSEEN, power=2)  # the request's power wins
     [hop] = deeper.hops
@@ -390,3 +391,15 @@ async def test_rule_assess_is_the_free_heuristic(books: MemoryRetriever) -> None
     classified = await rule_steps().classify("Can I dodge after a Flurry?")
     assert classified.value.query_type == "decision"
     assert classified.usage is not None and classified.usage.prompt_version == "classify-v1"
+
+
+def test_powers_are_named_quick_balanced_deep_beside_their_numbers() -> None:
+    from caprag.config import power_label
+    from caprag.web import power_control
+
+    assert [power_label(p) for p in ("auto", 1, 2, 3, None)] == [
+        "auto", "1 (quick)", "2 (balanced)", "3 (deep)", "",
+    ]  # fmt: skip
+    select = power_control([5, 15, 30], 2)
+    assert ">1 (quick)</option>" in select and ">3 (deep)</option>" in select
+    assert '<option value="2" selected>2 (balanced) — default</option>' in select
