@@ -28,7 +28,7 @@ from caprag.strategies.base import (
 )
 from caprag.trace import HopTrace
 
-BUDGETS = ("depth", "iterations", "chunks", "tokens", "timeout")
+BUDGETS = ("depth", "iterations", "chunks", "tokens", "cost", "timeout")
 T = TypeVar("T")
 
 
@@ -58,6 +58,8 @@ class Budget:
     max_chunks: int = 50
     max_context_tokens: int = 10_000
     timeout_s: float = 5.0
+    max_cost_usd: float | None = None
+    """USD the turn's retrieval steps (classify, assess, expand) may spend; None: no limit."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,8 @@ class Progress:
     forced: bool = False
     nothing_new: bool = False
     """A deeper round searched something new and added no passage to the context."""
+    cost_usd: float = 0.0
+    """What the turn's retrieval steps have cost so far (USD)."""
 
 
 def decide(progress: Progress, budget: Budget) -> str:
@@ -99,6 +103,7 @@ def decide(progress: Progress, budget: Budget) -> str:
         "iterations": progress.iteration >= budget.max_iterations,
         "chunks": progress.chunks >= budget.max_chunks,
         "tokens": progress.trimmed,
+        "cost": budget.max_cost_usd is not None and progress.cost_usd >= budget.max_cost_usd,
         "timeout": progress.elapsed_s >= budget.timeout_s,
     }
     which = next((name for name in BUDGETS if reached[name]), None)
@@ -191,6 +196,7 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
         max_chunks: int = 50,
         max_context_tokens: int = 10_000,
         timeout_s: float = 5.0,
+        max_cost_usd: float | None = None,
         clock: ClockChoice | Clock | Callable[[], Clock] = "searches",
         seconds_per_search: float = 1.0,
         calibration: str | Calibration | Mapping[str, object] | None = DEFAULT_CALIBRATION,
@@ -223,7 +229,11 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
             if not isinstance(profile, QueryProfile):
                 profile = QueryProfile(float(profile["threshold"]), int(profile["depth"]))
             self.profiles[query_type] = profile
-        self.budget = Budget(max_depth, max_iterations, max_chunks, max_context_tokens, timeout_s)
+        if max_cost_usd is not None and not max_cost_usd > 0:
+            raise ValueError(f"max_cost_usd must be above 0 or null, not {max_cost_usd}")
+        self.budget = Budget(
+            max_depth, max_iterations, max_chunks, max_context_tokens, timeout_s, max_cost_usd
+        )
         self._catalog: Catalog | None = None
         self.power = self._check_power(None if power == "auto" else power)
 
@@ -289,6 +299,7 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
         usage: list[CallUsage] = [u for u in (classified.usage,) if u]
         searched: list[str] = []
         confidence = 0.0
+        spent = 0.0
         missing: list[str] = []
         for iteration in range(1, self.budget.max_iterations + 1):
             hop_start = time.perf_counter()
@@ -332,6 +343,7 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
             hop.chunks = len(context)
             hop.threshold = profile.threshold
             hop.usage, usage = usage, []
+            spent += sum(u.cost_usd for u in hop.usage)
             progress = Progress(
                 confidence=confidence,
                 threshold=profile.threshold,
@@ -343,6 +355,7 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
                 timed_out=found is None,
                 forced=forced is not None,
                 nothing_new=iteration > 1 and added == 0,
+                cost_usd=spent,
             )
             hop.adaptive_decision = decide(progress, self.budget)
             hop.latency_s = elapsed(hop_start)

@@ -158,6 +158,11 @@ def test_stop_rule_names_the_first_budget_reached() -> None:
     assert decide(progress(iteration=3), budget) == "budget_exhausted:iterations"
     assert decide(progress(chunks=50), budget) == "budget_exhausted:chunks"
     assert decide(progress(trimmed=True), budget) == "budget_exhausted:tokens"
+    assert decide(progress(cost_usd=1.0), budget) == "increase_depth"  # no cost budget set
+    priced = Budget(max_cost_usd=0.001)
+    assert decide(progress(cost_usd=0.0009), priced) == "increase_depth"
+    assert decide(progress(cost_usd=0.001), priced) == "budget_exhausted:cost"
+    assert decide(progress(trimmed=True, cost_usd=0.01), priced) == "budget_exhausted:tokens"
     assert decide(progress(elapsed_s=5.0), budget) == "budget_exhausted:timeout"
 
 
