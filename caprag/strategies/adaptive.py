@@ -14,6 +14,7 @@ from caprag.catalog import Catalog
 from caprag.clock import Clock, MonotonicClock
 from caprag.llm.prompt import format_passages
 from caprag.llm.usage import count_tokens
+from caprag.progress import report as report_round
 from caprag.schemas import CallUsage, Document, Question, RetrievedRef
 from caprag.state import GraphState
 from caprag.steps import Steps
@@ -360,6 +361,7 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
             hop.adaptive_decision = decide(progress, self.budget)
             hop.latency_s = elapsed(hop_start)
             hops.append(hop)
+            report_round(hop)  # shown live (the chat page polls), before any deeper search
             if hop.adaptive_decision != "increase_depth":
                 break
             depth += 1

@@ -42,7 +42,9 @@ class Unsure:
     kind = "rule"
     model = "offline"
 
-    async def __call__(self, question: str, documents: Any) -> StepResult[ConfidenceAssessment]:
+    async def __call__(
+        self, question: str, documents: Any, **_: Any
+    ) -> StepResult[ConfidenceAssessment]:
         return StepResult(value=ConfidenceAssessment(confidence=0.1), usage=None)
 
 
@@ -387,3 +389,15 @@ def test_the_server_refuses_to_start_on_an_unusable_log(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("error: cannot open the decision log CAPRAG_DECISION_LOG=")
     assert done.stderr.count("\n") == 1
+
+
+def test_the_chat_page_polls_the_rounds_of_a_running_turn(client: TestClient) -> None:
+    progress_id = str(uuid.uuid4())
+    waiting = client.get(f"/chat/progress/{progress_id}").text
+    assert "classifying the question" in waiting  # before its first round is decided
+    form = {"question": SIMPLE, "thread_id": str(uuid.uuid4()), "power": "auto"}
+    client.post("/chat", data={**form, "progress_id": progress_id})
+    rounds = client.get(f"/chat/progress/{progress_id}").text
+    assert "round 1: depth 1/3" in rounds and "→ sufficient" in rounds
+    page = client.get("/").text
+    assert "htmx:configRequest" in page and "/chat/progress/" in page  # the page polls it

@@ -39,9 +39,10 @@ def test_adaptive_rounds_are_printed_as_the_log_keeps_them(
         )
         for r in record.rounds
     ]
-    assert f"power auto (request), ladder 2 / 4 / 8 chunks, stopped: {record.stop_reason}" in (
+    assert f"power auto (request), {record.query_type} question, ladder 2 / 4 / 8 chunks, " in (
         done.stdout
     )
+    assert f"stopped: {record.stop_reason}" in done.stdout
     assert f"request {record.request_id}" in done.stdout
     assert "hop 1:" not in done.stdout  # the rounds replace the hop counts
 
@@ -55,7 +56,7 @@ def test_without_a_power_the_cli_uses_fixed_depth_2(tmp_path: Path, index_dir: P
     forced = ask(
         tmp_path, index_dir, CROSS_REF, "--power", "1", CAPRAG_DECISION_LOG=str(log), **ADAPTIVE
     )
-    assert "power 1 (request)" in forced.stdout
+    assert "power 1 (quick) (request)" in forced.stdout
     assert [r[1] for r in ROUND.findall(forced.stdout)] == ["1"]
     assert [r.power for r in DecisionLog(log).records()] == ["1", "2"]
 

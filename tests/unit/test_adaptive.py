@@ -408,3 +408,36 @@ def test_powers_are_named_quick_balanced_deep_beside_their_numbers() -> None:
     select = power_control([5, 15, 30], 2)
     assert ">1 (quick)</option>" in select and ">3 (deep)</option>" in select
     assert '<option value="2" selected>2 (balanced) — default</option>' in select
+
+
+async def test_each_round_is_reported_live_before_the_next_search(
+    books: MemoryRetriever,
+) -> None:
+    from caprag.progress import LISTENER, RoundBoard
+    from caprag.web import live_rounds
+
+    seen_at_search: list[int] = []
+    board = RoundBoard()
+    listen = board.listener("turn")
+
+    class Watched(MemoryRetriever):
+        def search(self, query: str, k: int) -> list[Document]:
+            seen_at_search.append(len(board.rounds("turn") or []))
+            return super().search(query, k)
+
+    token = LISTENER.set(listen)
+    try:
+        state = await run(
+            adaptive(Watched(books.documents), depth_chunks=SMALL_LADDER), CROSS_REF_UNSEEN
+        )
+    finally:
+        LISTENER.reset(token)
+    reported = board.rounds("turn") or []
+    assert [(r.round, r.decision) for r in reported] == [
+        (h.hop, h.adaptive_decision) for h in state.hops
+    ]
+    assert seen_at_search[0] == 0 and seen_at_search[-1] == len(reported) - 1, (
+        "round n is on the board before round n + 1 searches"
+    )
+    live = live_rounds(reported[:1], SMALL_LADDER)
+    assert "round 1: depth 1/" in live and "→ going deeper…" in live and "(needs 90%)" in live
