@@ -441,3 +441,32 @@ async def test_each_round_is_reported_live_before_the_next_search(
     )
     live = live_rounds(reported[:1], SMALL_LADDER)
     assert "round 1: depth 1/" in live and "→ going deeper…" in live and "(needs 90%)" in live
+
+
+async def test_the_generator_is_told_the_confidence_and_says_when_it_is_low(
+    books: MemoryRetriever,
+) -> None:
+    from caprag.steps.generate import GENERATE, RuleGenerator, prompt_values
+
+    docs = books.search(CROSS_REF, 3)
+    low = await RuleGenerator()(CROSS_REF, docs, (), confidence=(0.62, 0.9))
+    assert low.value.answer.endswith(
+        "(Retrieval confidence 0.62 is below the 0.90 this question needs: the answer may be "
+        "incomplete.)"
+    )
+    high = await RuleGenerator()(CROSS_REF, docs, (), confidence=(0.95, 0.9))
+    assert "incomplete" not in high.value.answer
+    told = GENERATE.user.format(**prompt_values(CROSS_REF, docs, (), (0.62, 0.9)))
+    assert (
+        "Retrieval confidence: 0.62 (this question needs 0.90). It is below the threshold" in told
+    )
+    plain = GENERATE.user.format(**prompt_values(CROSS_REF, docs, ()))
+    assert "Retrieval confidence" not in plain  # other strategies' prompts are as before
+
+    llm = rule_steps()
+    strategy = AdaptiveDepthStrategy(books, llm, depth_chunks=SMALL_LADDER, clock=ManualClock())
+    turn = await Pipeline(strategy, llm).ask(CROSS_REF_UNSEEN, "thread", power=1)
+    last = turn.hops[-1]
+    assert last.confidence is not None and last.threshold is not None
+    assert last.confidence < last.threshold
+    assert turn.answer.endswith("the answer may be incomplete.)")  # the graph told the generator
