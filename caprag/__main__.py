@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from caprag.config import PowerChoice, Settings, load_settings, parse_power
+from caprag.config import PowerChoice, Settings, load_settings, parse_power, power_label
 from caprag.decision_log import PowerSource
 from caprag.errors import CapragError
 from caprag.services import AskResult, Pipeline, build_pipeline, validate_question
@@ -52,7 +52,8 @@ def render(result: AskResult) -> str:
     if record is not None and record.ladder is not None:
         ladder = " / ".join(str(n) for n in record.ladder)
         lines.append(
-            f"  power {record.power} ({record.power_source}), ladder {ladder} chunks, "
+            f"  power {power_label(record.power)} ({record.power_source}), "
+            f"{record.query_type or '?'} question, ladder {ladder} chunks, "
             f"stopped: {record.stop_reason}"
         )
         for r in record.rounds:
@@ -136,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         "--power",
         choices=["auto", "1", "2", "3"],
         default=None,
-        help="adaptive strategy: auto, or force depth 1-3 (default: CAPRAG_POWER, depth 2)",
+        help="adaptive strategy: auto, or force depth 1 (quick), 2 (balanced) or 3 (deep) "
+        "(default: CAPRAG_POWER, depth 2)",
     )
     commands.add_parser("demo", help="ingest the corpus and answer a few sample questions")
     args = parser.parse_args(argv)

@@ -45,6 +45,7 @@ from caprag.errors import (
     NoAnswerError,
     ThreadBusyError,
 )
+from caprag.progress import LISTENER, RoundBoard
 from caprag.schemas import CallUsage, Source
 from caprag.services import (
     MAX_QUESTION_CHARS,
@@ -323,6 +324,7 @@ def create_app(pipeline: Pipeline | None = None, settings: Settings | None = Non
         lifespan=lifespan,
     )
     app.state.limits = limits
+    rounds = RoundBoard()
     app.add_middleware(BodyLimit, limits=limits)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
@@ -394,12 +396,23 @@ def create_app(pipeline: Pipeline | None = None, settings: Settings | None = Non
         question: Annotated[str, Form(max_length=MAX_QUESTION_CHARS)],
         thread_id: Annotated[UUID, Form()],
         power: Annotated[Literal["auto", "1", "2", "3"] | None, Form()] = None,
+        progress_id: Annotated[UUID | None, Form()] = None,
     ) -> str:
         """One turn of the chat page, as an HTML fragment (same-origin posts only); no power:
-        the server's default."""
+        the server's default. With a `progress_id` its rounds can be polled while it runs."""
         chosen = parse_power(power)
-        result = await ask_with_power(state["pipeline"], question, str(thread_id), chosen)
+        token = LISTENER.set(rounds.listener(str(progress_id))) if progress_id else None
+        try:
+            result = await ask_with_power(state["pipeline"], question, str(thread_id), chosen)
+        finally:
+            if token is not None:
+                LISTENER.reset(token)
         return web.turn(result)
+
+    @app.get("/chat/progress/{progress_id}", response_class=HTMLResponse)
+    async def chat_progress(progress_id: UUID) -> str:
+        """The rounds a running turn of the chat page has decided so far (polled by the page)."""
+        return web.live_rounds(rounds.rounds(str(progress_id)), state["pipeline"].ladder)
 
     @app.post("/chat/feedback", response_class=HTMLResponse, dependencies=[Depends(check_origin)])
     async def chat_feedback(

@@ -29,6 +29,17 @@ StructuredMethod = Literal["function_calling", "json_schema", "json_mode"]
 StepChoice = Literal["auto", "rule", "llm"]
 PowerChoice = Literal["auto", 1, 2, 3]
 """Adaptive depth of a served turn: automatic, or forced to depth 1, 2 or 3."""
+POWER_LABELS: dict[int, str] = {1: "quick", 2: "balanced", 3: "deep"}
+"""What each forced power is called beside its number, on the page, the CLI and the dashboard."""
+
+
+def power_label(power: PowerChoice | int | str | None) -> str:
+    """'2 (balanced)', 'auto', or '' for none: a power as every view writes it."""
+    if power is None:
+        return ""
+    text = str(power)
+    name = POWER_LABELS.get(int(text)) if text.isdigit() else None
+    return f"{text} ({name})" if name else text
 
 
 def parse_power(text: str | None) -> PowerChoice | None:

@@ -115,6 +115,11 @@ class DecisionRecord(BaseModel):
         description="Whether the request chose the power or the server's default applied.",
     )
     ladder: list[int] | None = Field(default=None, description="Adaptive only: chunks per depth.")
+    query_type: str | None = Field(
+        default=None,
+        description="Adaptive only: the classifier's query type (factual, operational, decision, "
+        "strategic), which set the starting depth and the threshold.",
+    )
     max_depth: int | None = None
     status: Status = "answered"
     stop_reason: str | None = Field(

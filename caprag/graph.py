@@ -102,7 +102,17 @@ def build_graph(
         start = time.perf_counter()
         history = history_pairs(state.messages[:-1], history_window)
         try:
-            result = await steps.generate(state.main_question, state.context, history)
+            last = state.hops[-1] if state.hops else None
+            if last is not None and last.confidence is not None and last.threshold is not None:
+                # adaptive rated its passages: the generator is told, and says when it is low
+                result = await steps.generate(
+                    state.main_question,
+                    state.context,
+                    history,
+                    confidence=(last.confidence, last.threshold),
+                )
+            else:
+                result = await steps.generate(state.main_question, state.context, history)
         except StepFailedError as failed:
             # No answer: the turn keeps what retrieval did and the failed call (the caller
             # reports it); nothing is added to the conversation, so the question stays open.

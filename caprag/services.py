@@ -379,6 +379,7 @@ class Pipeline:
         usage += [u for hop in state.hops for u in hop.usage]
         usage += [u for u in (state.generate_usage,) if u]
         record.rounds = [Round.model_validate(hop, from_attributes=True) for hop in state.hops]
+        record.query_type = next((h.query_type for h in state.hops if h.query_type), None)
         record.stop_reason = stop_reason(state.hops)
         answer, sources = "", state.answer.sources if state.answer else []
         status: Status = "answered"

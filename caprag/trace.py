@@ -28,14 +28,14 @@ class HopTrace(BaseModel):
         default=None,
         description="Heuristic parts (relevance, recency, diversity, completeness), retrieval "
         "measures (coverage, open_references, margin, log_passages), `heuristic` (before "
-        "calibration) and `top_k_agreement` (deeper rounds).",
+        "calibration).",
     )
     missing_info: list[str] | None = Field(default=None, description="What the context lacks.")
     threshold: float | None = Field(default=None, description="Confidence the query type needs.")
     query_type: str | None = Field(default=None, description="factual/operational/decision/...")
     adaptive_decision: str | None = Field(
         default=None,
-        description="increase_depth, sufficient, forced_depth, top_k_unchanged or "
+        description="increase_depth, sufficient, forced_depth, no_new_evidence or "
         "budget_exhausted:<budget>.",
     )
     warning: str | None = Field(default=None, description="Stopped below the threshold: why.")

@@ -6,9 +6,9 @@ import json
 from collections.abc import Sequence
 from html import escape
 
-from caprag.config import PowerChoice
+from caprag.config import PowerChoice, power_label
 from caprag.conversation import Turn
-from caprag.decision_log import DecisionRecord, Feedback
+from caprag.decision_log import DecisionRecord, Feedback, Round
 from caprag.schemas import Source
 from caprag.services import AskResult
 
@@ -67,6 +67,23 @@ PAGE = """<!doctype html>
   }}
   document.getElementById("thread_id").value = thread;
   document.getElementById("thread-label").textContent = thread;
+  // Each question gets a progress id; while it is answered, its rounds are polled and shown.
+  const form = document.querySelector("form[hx-post='/chat']");
+  form.addEventListener("htmx:configRequest", (e) => {{
+    const id = crypto.randomUUID();
+    e.detail.parameters["progress_id"] = id;
+    const live = document.createElement("div");
+    live.className = "turn live";
+    live.id = "live-progress";
+    live.setAttribute("hx-get", `/chat/progress/${{id}}`);
+    live.setAttribute("hx-trigger", "load, every 300ms");
+    document.getElementById("conversation").appendChild(live);
+    htmx.process(live);
+  }});
+  form.addEventListener("htmx:afterRequest", () => {{
+    const live = document.getElementById("live-progress");
+    if (live) live.remove();
+  }});
   document.body.addEventListener("htmx:responseError", (e) => {{
     const box = document.createElement("div");
     box.className = "turn error";
@@ -118,11 +135,12 @@ def power_control(ladder: list[int] | None, default_power: PowerChoice) -> str:
     choices: list[PowerChoice | int] = ["auto", *range(1, len(ladder) + 1)]
     options = "".join(
         f'<option value="{c}"{" selected" if c == default_power else ""}>'
-        f"{c}{' (default)' if c == default_power else ''}</option>"
+        f"{power_label(c)}{' — default' if c == default_power else ''}</option>"
         for c in choices
     )
     return (
-        '  <label title="auto: the strategy chooses the depth; 1-3: force it">power\n'
+        '  <label title="auto: the strategy chooses the depth; 1 quick, 2 balanced, 3 deep: '
+        'force it">power\n'
         f'    <select name="power">{options}</select></label>\n'
     )
 
@@ -140,6 +158,27 @@ def rounds_view(record: DecisionRecord) -> str:
             f"{confidence}{threshold} → {escape(r.decision)}</li>"
         )
     return f'<ol class="rounds">{"".join(items)}</ol>' if items else ""
+
+
+def live_rounds(rounds: Sequence[Round] | None, ladder: Sequence[int] | None) -> str:
+    """A running turn's rounds so far, for the page to show while it waits: each round's depth
+    and confidence against its threshold, and "going deeper…" while it deepens."""
+    if not ladder:
+        return '<span class="live">searching…</span>'
+    if not rounds:
+        return '<span class="live">classifying the question and searching…</span>'
+    items = []
+    for r in rounds:
+        confidence = "" if r.confidence is None else f", confidence {r.confidence:.0%}"
+        threshold = "" if r.threshold is None else f" (needs {r.threshold:.0%})"
+        then = "going deeper…" if r.decision == "increase_depth" else escape(r.decision)
+        items.append(
+            f"<li>round {r.round}: depth {r.depth}/{len(ladder)}, {r.chunks} chunks"
+            f"{confidence}{threshold} → {then}</li>"
+        )
+    last = rounds[-1].decision
+    tail = "" if last == "increase_depth" else "<li>writing the answer…</li>"
+    return f'<ol class="rounds live">{"".join(items)}{tail}</ol>'
 
 
 def feedback_control(request_id: str) -> str:
@@ -211,11 +250,12 @@ def turn(result: AskResult) -> str:
     record = result.decision_log
     if last is not None and last.depth is not None and last.confidence is not None:
         max_depth = record.max_depth if record and record.max_depth else "?"
-        power = f" · power {escape(record.power)}" if record and record.power else ""
+        power = f" · power {escape(power_label(record.power))}" if record and record.power else ""
+        kind = f" · {escape(record.query_type)} question" if record and record.query_type else ""
         adaptive = (
             f'<div class="trace">confidence {last.confidence:.0%} (needs '
             f"{(last.threshold or 0):.0%}) · depth used {last.depth}/{max_depth} · "
-            f"{escape(last.adaptive_decision or '')}{power}</div>"
+            f"{escape(last.adaptive_decision or '')}{power}{kind}</div>"
         )
         if record is not None:
             adaptive += rounds_view(record)

@@ -261,11 +261,13 @@ class StallingGenerator(RuleGenerator):
         self.hold = Path(hold)
         self.answered = 0
 
-    async def __call__(self, question: str, documents: Any, history: Any = ()) -> Any:
+    async def __call__(
+        self, question: str, documents: Any, history: Any = (), confidence: Any = None
+    ) -> Any:
         if self.answered >= self.answers and self.hold.exists():
             await asyncio.Event().wait()
         self.answered += 1
-        return await super().__call__(question, documents, history)
+        return await super().__call__(question, documents, history, confidence)
 
 
 def stalling_steps(answers: int = 3, hold: str = "", **_group: Any) -> Steps:

@@ -67,7 +67,11 @@ class Analyzer(Step, Protocol):
 
 class Generator(Step, Protocol):
     async def __call__(
-        self, question: str, documents: Sequence[Document], history: History = ()
+        self,
+        question: str,
+        documents: Sequence[Document],
+        history: History = (),
+        confidence: tuple[float, float] | None = None,
     ) -> StepResult[GeneratedAnswer]: ...
 
 

@@ -26,14 +26,14 @@ ROW_KEY_BONUS = 0.3
 
 GENERATE = Prompt(
     name="generate",
-    version="generate-v1",
+    version="generate-v2",
     system=(
         "Answer the question about the rulebooks using only the passages given. Follow the "
         "cross-references between passages when they change the answer. Be brief and give the "
         "numbers. If the passages do not contain the answer, answer exactly: "
         "'{refusal}' List in source_ids the ids of the passages you used."
     ),
-    user="{history}Question: {question}\n\nPassages:\n{passages}",
+    user="{history}Question: {question}\n\nPassages:\n{passages}{confidence}",
 )
 
 
@@ -47,13 +47,46 @@ class GeneratedAnswer(BaseModel):
     source_ids: list[str] = Field(default_factory=list, max_length=20)
 
 
-def prompt_values(question: str, documents: Sequence[Document], history: History) -> dict[str, str]:
-    """The GENERATE prompt's arguments (earlier turns first, when there are any)."""
+Confidence = tuple[float, float]
+"""Retrieval's confidence in the passages and the threshold the question needs (adaptive)."""
+
+
+def confidence_note(confidence: Confidence | None) -> str:
+    """What the generator is told about retrieval's confidence ('' when there is none): below the
+    threshold, it is asked to say the answer may be incomplete."""
+    if confidence is None:
+        return ""
+    value, threshold = confidence
+    note = f"\n\nRetrieval confidence: {value:.2f} (this question needs {threshold:.2f})."
+    if value < threshold:
+        note += " It is below the threshold: say that the answer may be incomplete."
+    return note
+
+
+def below_threshold(confidence: Confidence | None) -> str:
+    """The sentence an answer ends with when retrieval stayed below its threshold ('' if not)."""
+    if confidence is None or confidence[0] >= confidence[1]:
+        return ""
+    return (
+        f"(Retrieval confidence {confidence[0]:.2f} is below the {confidence[1]:.2f} this question "
+        "needs: the answer may be incomplete.)"
+    )
+
+
+def prompt_values(
+    question: str,
+    documents: Sequence[Document],
+    history: History,
+    confidence: Confidence | None = None,
+) -> dict[str, str]:
+    """The GENERATE prompt's arguments (earlier turns first, when there are any; retrieval's
+    confidence last, when the strategy rated it)."""
     return {
         "question": question,
         "passages": format_passages(documents),
         "history": format_history(history) + "\n\n" if history else "",
         "refusal": REFUSAL,
+        "confidence": confidence_note(confidence),
     }
 
 
@@ -118,11 +151,19 @@ class RuleGenerator(RuleStep):
     """The extractive answer (`extract_answer`)."""
 
     async def __call__(
-        self, question: str, documents: Sequence[Document], history: History = ()
+        self,
+        question: str,
+        documents: Sequence[Document],
+        history: History = (),
+        confidence: Confidence | None = None,
     ) -> StepResult[GeneratedAnswer]:
         t0 = time.perf_counter()
         answer = extract_answer(question, documents)
-        values = prompt_values(question, documents, history)
+        caveat = below_threshold(confidence)
+        if caveat and answer.answer != REFUSAL:
+            text = fit(f"{answer.answer} {caveat}", MAX_ANSWER_CHARS, "the answer")
+            answer = answer.model_copy(update={"answer": text})
+        values = prompt_values(question, documents, history, confidence)
         return self.costed("generate", GENERATE, answer, answer.model_dump_json(), t0, **values)
 
 
@@ -136,9 +177,13 @@ class LLMGenerator:
         self.model = client.model
 
     async def __call__(
-        self, question: str, documents: Sequence[Document], history: History = ()
+        self,
+        question: str,
+        documents: Sequence[Document],
+        history: History = (),
+        confidence: Confidence | None = None,
     ) -> StepResult[GeneratedAnswer]:
-        values = prompt_values(question, documents, history)
+        values = prompt_values(question, documents, history, confidence)
         answer, usage = await self.client.structured(
             "generate", GENERATE, GeneratedAnswer, **values
         )

@@ -14,6 +14,7 @@ from caprag.catalog import Catalog
 from caprag.clock import Clock, MonotonicClock
 from caprag.llm.prompt import format_passages
 from caprag.llm.usage import count_tokens
+from caprag.progress import report as report_round
 from caprag.schemas import CallUsage, Document, Question, RetrievedRef
 from caprag.state import GraphState
 from caprag.steps import Steps
@@ -28,7 +29,7 @@ from caprag.strategies.base import (
 )
 from caprag.trace import HopTrace
 
-BUDGETS = ("depth", "iterations", "chunks", "tokens", "timeout")
+BUDGETS = ("depth", "iterations", "chunks", "tokens", "cost", "timeout")
 T = TypeVar("T")
 
 
@@ -58,6 +59,8 @@ class Budget:
     max_chunks: int = 50
     max_context_tokens: int = 10_000
     timeout_s: float = 5.0
+    max_cost_usd: float | None = None
+    """USD the turn's retrieval steps (classify, assess, expand) may spend; None: no limit."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,8 @@ class Progress:
     forced: bool = False
     nothing_new: bool = False
     """A deeper round searched something new and added no passage to the context."""
+    cost_usd: float = 0.0
+    """What the turn's retrieval steps have cost so far (USD)."""
 
 
 def decide(progress: Progress, budget: Budget) -> str:
@@ -99,6 +104,7 @@ def decide(progress: Progress, budget: Budget) -> str:
         "iterations": progress.iteration >= budget.max_iterations,
         "chunks": progress.chunks >= budget.max_chunks,
         "tokens": progress.trimmed,
+        "cost": budget.max_cost_usd is not None and progress.cost_usd >= budget.max_cost_usd,
         "timeout": progress.elapsed_s >= budget.timeout_s,
     }
     which = next((name for name in BUDGETS if reached[name]), None)
@@ -191,6 +197,7 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
         max_chunks: int = 50,
         max_context_tokens: int = 10_000,
         timeout_s: float = 5.0,
+        max_cost_usd: float | None = None,
         clock: ClockChoice | Clock | Callable[[], Clock] = "searches",
         seconds_per_search: float = 1.0,
         calibration: str | Calibration | Mapping[str, object] | None = DEFAULT_CALIBRATION,
@@ -223,7 +230,11 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
             if not isinstance(profile, QueryProfile):
                 profile = QueryProfile(float(profile["threshold"]), int(profile["depth"]))
             self.profiles[query_type] = profile
-        self.budget = Budget(max_depth, max_iterations, max_chunks, max_context_tokens, timeout_s)
+        if max_cost_usd is not None and not max_cost_usd > 0:
+            raise ValueError(f"max_cost_usd must be above 0 or null, not {max_cost_usd}")
+        self.budget = Budget(
+            max_depth, max_iterations, max_chunks, max_context_tokens, timeout_s, max_cost_usd
+        )
         self._catalog: Catalog | None = None
         self.power = self._check_power(None if power == "auto" else power)
 
@@ -289,6 +300,7 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
         usage: list[CallUsage] = [u for u in (classified.usage,) if u]
         searched: list[str] = []
         confidence = 0.0
+        spent = 0.0
         missing: list[str] = []
         for iteration in range(1, self.budget.max_iterations + 1):
             hop_start = time.perf_counter()
@@ -332,6 +344,7 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
             hop.chunks = len(context)
             hop.threshold = profile.threshold
             hop.usage, usage = usage, []
+            spent += sum(u.cost_usd for u in hop.usage)
             progress = Progress(
                 confidence=confidence,
                 threshold=profile.threshold,
@@ -343,10 +356,12 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
                 timed_out=found is None,
                 forced=forced is not None,
                 nothing_new=iteration > 1 and added == 0,
+                cost_usd=spent,
             )
             hop.adaptive_decision = decide(progress, self.budget)
             hop.latency_s = elapsed(hop_start)
             hops.append(hop)
+            report_round(hop)  # shown live (the chat page polls), before any deeper search
             if hop.adaptive_decision != "increase_depth":
                 break
             depth += 1
@@ -425,7 +440,10 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
             f"for a {last.query_type} question"
         )
         if forced is not None and forced < self.budget.max_depth:
-            last.hint = f"{short}: raise the power to {forced + 1} to search deeper"
+            last.hint = (
+                f"{short}: raise the power to {forced + 1} to search deeper, or choose auto to "
+                "let it deepen until it is confident"
+            )
             return
         decision = last.adaptive_decision or ""
         if decision == "budget_exhausted:depth" or (forced and last.depth == self.budget.max_depth):

@@ -1,6 +1,6 @@
 """`python -m experiments.calibration`: fit adaptive's confidence calibration, judge it, report it.
 
-    python -m experiments.calibration fit NAME dataset=hotpotqa   # -> conf/strategy/calibration/
+    python -m experiments.calibration fit NAME dataset=hotpotqa   # -> caprag/calibrations/NAME.yaml
     python -m experiments.calibration check NAME dataset=curated  # ECE, mean confidence, AUC there
     python -m experiments.calibration summary curated=AUTO_RUN,DEPTH3_RUN ...  # report numbers
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+import pandas as pd
+
 from experiments.results.runs import LoadedRun, load_run
 from experiments.results.tracking import TABLE, mlflow, tracking_uri
 from experiments.scoring.significance import (
@@ -48,6 +50,12 @@ def main(argv: list[str] | None = None) -> int:
         type=lambda text: [m.strip() for m in text.split(",") if m.strip()],
         help="comma-separated per-question columns (default: quality and cost metrics)",
     )
+    parser.add_argument(
+        "--set",
+        dest="set_name",
+        metavar="NAME",
+        help="compare only the questions of one question set (e.g. cross_book, hotpotqa:bridge)",
+    )
     parser.add_argument("--resamples", type=_positive, default=10_000, help="default 10000")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--markdown", action="store_true", help="a Markdown table")
@@ -57,13 +65,18 @@ def main(argv: list[str] | None = None) -> int:
     mlflow.set_tracking_uri(uri)
     try:
         run_a, run_b = load(args.run_a, uri), load(args.run_b, uri)
-        pairing = pair_runs(run_a.questions, run_b.questions, args.metrics)
+        rows_a, rows_b = run_a.questions, run_b.questions
+        if args.set_name is not None:
+            rows_a, rows_b = (one_set(rows, args.set_name) for rows in (rows_a, rows_b))
+        pairing = pair_runs(rows_a, rows_b, args.metrics)
     except (RunNotReadable, PairingError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     comparisons = compare_pairing(pairing, args.resamples, seed=args.seed)
     for side, run in (("A", run_a), ("B", run_b)):
         print(f"{side} = {run.name} · {run.label} · {run.run_id}")
+    if args.set_name is not None:
+        print(f"question set: {args.set_name}")
     print(pairing.describe() + "\n")
     print(render_table(comparisons, markdown=args.markdown))
     print(
@@ -72,6 +85,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(verdict(comparisons))
     return 0
+
+
+def one_set(rows: pd.DataFrame, name: str) -> pd.DataFrame:
+    """The rows of one question set; PairingError naming the sets the table has when none is."""
+    sets = rows["set"].astype(str) if "set" in rows.columns else pd.Series(dtype=str)
+    chosen = rows[(sets == name).to_numpy()]
+    if chosen.empty:
+        known = ", ".join(sorted(set(sets))) or "none"
+        raise PairingError(f"no question of set {name!r} in the run; its sets: {known}")
+    return chosen
 
 
 def _positive(text: str) -> int:

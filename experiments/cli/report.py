@@ -23,7 +23,9 @@ from experiments.scoring.oracle import OracleError, oracle_routing
 from experiments.scoring.oracle import markdown as oracle_markdown
 from experiments.scoring.significance import compare_runs, render_table
 
-REPORTS = PROJECT_ROOT / "reports"
+DEFAULT_OUT = PROJECT_ROOT / "outputs" / "reports"
+"""Where a report goes unless `--out` names a folder: not the committed `reports/`, which only
+`make reports` writes."""
 
 
 def plot_recall_per_hop(runs: list[LoadedRun], path: Path) -> None:
@@ -154,16 +156,20 @@ def baseline_section(runs: list[LoadedRun], baseline: LoadedRun) -> list[str]:
 
 
 def write_report(
-    runs: list[LoadedRun], name: str, notes: str = "", baseline: LoadedRun | None = None
+    runs: list[LoadedRun],
+    name: str,
+    notes: str = "",
+    baseline: LoadedRun | None = None,
+    out: Path = DEFAULT_OUT,
 ) -> Path:
-    """Render tables and plots for the runs into reports/<name>.md (+ PNGs)."""
-    REPORTS.mkdir(exist_ok=True)
+    """Render tables and plots for the runs into <out>/<name>.md (+ PNGs)."""
+    out.mkdir(parents=True, exist_ok=True)
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-    hop_png = REPORTS / f"{slug}-recall-per-hop.png"
-    cost_png = REPORTS / f"{slug}-cost-vs-quality.png"
+    hop_png = out / f"{slug}-recall-per-hop.png"
+    cost_png = out / f"{slug}-cost-vs-quality.png"
     plot_recall_per_hop(runs, hop_png)
     plot_cost_quality(runs, cost_png)
-    calibration_png = REPORTS / f"{slug}-calibration.png"
+    calibration_png = out / f"{slug}-calibration.png"
     has_calibration = plot_calibration(runs, calibration_png)
     lines = [
         f"# {name}",
@@ -198,7 +204,7 @@ def write_report(
         lines += [f"![calibration]({calibration_png.name})", ""]
     lines += ["## Runs", ""]
     lines += [f"- `{r.run_id}` {r.name}" for r in runs]
-    path = REPORTS / f"{slug}.md"
+    path = out / f"{slug}.md"
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -210,6 +216,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default="comparison")
     parser.add_argument("--notes", default="", help="a paragraph placed under the title")
     parser.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        metavar="FOLDER",
+        help="folder to write the report and its plots into (default: outputs/reports/; the "
+        "committed reports/ are written by `make reports` only)",
+    )
+    parser.add_argument(
         "--baseline",
         default=None,
         metavar="RUN_ID",
@@ -220,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = [load_run(r) for r in args.run_ids]
     distinct_labels(runs)
     baseline = load_run(args.baseline) if args.baseline else None
-    path = write_report(runs, args.name, args.notes, baseline)
+    path = write_report(runs, args.name, args.notes, baseline, args.out)
     print(f"wrote {path}")
     return 0
 

@@ -11,6 +11,7 @@ from experiments.results.runs import LoadedRun, connect, distinct_labels, latest
 from experiments.results.slices import DIMENSION_LABELS, DIMENSIONS, slice_means
 from experiments.results.tables import compare_table, markdown_table
 from experiments.results.tracking import tracking_uri
+from experiments.scoring.verdict import Contender, verdict_lines
 
 
 def slice_sections(runs: Sequence[LoadedRun], metrics: Sequence[str] | None = None) -> list[str]:
@@ -70,8 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     print(
         "\nRuns: " + ", ".join(run_ids) + f"\nNext:\n  MLflow UI:  {ui}"
         "\n  Dashboard:  make dashboard   → http://127.0.0.1:8501 (Compare, Trace viewer)"
-        "\n  Report:     uv run python -m experiments.report " + " ".join(run_ids)
+        "\n  Report:     uv run python -m experiments.report " + " ".join(run_ids) + "\n"
     )
+    print("\n".join(verdict_lines([Contender(r.label, r.questions, r.generator) for r in runs])))
     return 0
 
 

@@ -226,3 +226,40 @@ def load_benchmark(
         links=links,
         calibration=calibration,
     )
+
+
+EMBED_RATE = {"minilm": 60.0, "wordllama": 400.0}
+"""Benchmark paragraphs embedded per second on 2 cores (reports/bench.md: `scale` measured 63.5
+HotpotQA paragraphs/s with minilm at 20,000; `ingest` 426 passages/s with wordllama)."""
+
+
+def pool_notice(dataset: Dataset, kind: str = "dense", embedding: str = "minilm") -> str:
+    """What a benchmark run is about to index, said before it ingests: the pool's size beside the
+    questions asked, the first embedding's estimated time, and what `dataset.mode` changes."""
+    pool = sum(len(book.passages) for book in dataset.books or ())
+    questions = len(dataset.cases)
+    distractor = any(case.scope is not None for case in dataset.cases)
+    if kind == "bm25":
+        cost = "bm25 embeds nothing (its index takes seconds)"
+    else:
+        rate = EMBED_RATE.get(embedding)
+        estimate = f"about {pool / rate:,.0f} s" if rate else "time unknown for this embedding"
+        cost = (
+            f"the first run embeds them with {embedding} ({estimate} on 2 cores; an unchanged "
+            "pool is not embedded again; retriever=bm25 embeds nothing)"
+        )
+    if distractor:
+        mode = (
+            "dataset.mode=distractor: each question searches only its own paragraphs "
+            "(gold + distractors); dataset.mode=pooled searches all of them (harder)"
+        )
+    else:
+        mode = (
+            "dataset.mode=pooled: every question searches all of them (the hard setting); "
+            "dataset.mode=distractor searches only each question's own paragraphs (gold + "
+            "distractors, the benchmark's published setting; same index)"
+        )
+    return (
+        f"{dataset.name}: {questions} question(s) over a pool of {pool:,} paragraphs; {cost}.\n"
+        f"  {mode}."
+    )

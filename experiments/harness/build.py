@@ -22,6 +22,7 @@ from caprag.services import Pipeline
 from caprag.steps import ROLES, Steps, build_steps, rule_steps
 from caprag.steps.analyze import Links
 from caprag.strategies import RetrievalStrategy, Retriever
+from experiments.harness.benchmarks import pool_notice
 from experiments.harness.data import Dataset
 from experiments.harness.dryrun import (
     client_config,
@@ -160,6 +161,10 @@ def build_components(cfg: DictConfig, *, llm: bool = True) -> Components:
     if judge is not None:
         scorers.append(judge)
     # 3. The index (ingests new or changed books; a benchmark brings its own), then the strategy.
+    if dataset.books:  # a benchmark: say what it will index before the embedding starts
+        options = cfg.retriever.index
+        kind, embedding = str(options.get("kind", "dense")), str(options.get("embedding", ""))
+        print(pool_notice(dataset, kind, embedding), flush=True)
     index: Index = instantiate_or_raise(
         cfg.retriever.index, "the retriever", **dataset.index_overrides(cfg.retriever.index.store)
     )

@@ -482,6 +482,13 @@ for _metric in (
     _run("questions", "questions", "Questions asked, failed ones included.", format=WHOLE,
          listed=False),
     _run(
+        "cost_per_1k_usd", "cost per 1,000 questions (MLflow copy)",
+        "The cost mean × 1,000, logged beside cost_usd only so that MLflow's own UI shows a "
+        "readable number (overall and per slice); every other view reads cost_usd.",
+        unit="USD per 1,000 questions", format=Format(3, prefix="$"), higher_is_better=False,
+        listed=False,
+    ),
+    _run(
         "later_turns", "follow-up turns scored", "Second and later turns with a recall@k.",
         format=WHOLE, listed=False,
     ),

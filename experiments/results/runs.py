@@ -25,6 +25,8 @@ class LoadedRun:
     """The per-question table: scalar columns, each row whole in `row` (`row.rows_of`)."""
 
     display: str = ""
+    generator: str = ""
+    """Who wrote the answers: `rule` (the offline extractive reader) or `llm` ('' if untagged)."""
 
     @property
     def label(self) -> str:
@@ -72,14 +74,16 @@ def load_run(run_id: str) -> LoadedRun:
         llm=tags.get("caprag.llm", "?"),
         metrics=dict(run.data.metrics),
         questions=normalised(questions),
+        generator=tags.get("caprag.step.generator", ""),
     )
 
 
-def latest_sweep(experiment_id: str) -> list[str]:
-    """Run ids of the children of the most recent sweep."""
+def latest_sweep(experiment_id: str, sweep_id: str | None = None) -> list[str]:
+    """Run ids of the children of the most recent sweep (or of the sweep `sweep_id`)."""
+    only = f" and tags.`caprag.sweep_id` = '{sweep_id}'" if sweep_id else ""
     parents = mlflow.search_runs(
         experiment_ids=[experiment_id],
-        filter_string="tags.`caprag.role` = 'sweep'",
+        filter_string="tags.`caprag.role` = 'sweep'" + only,
         order_by=["start_time DESC"],
         max_results=1,
         output_format="list",

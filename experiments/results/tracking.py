@@ -216,7 +216,10 @@ def log_results(
     table = _frame(records) if records else None
     if table is not None:
         metrics.update(slice_metrics(table))
+    metrics.update(per_thousand(metrics))
     mlflow.log_metrics(metrics)
+    if table is not None:
+        log_question_sets(table)
     for hop in range(1, 4):
         hop_agg = aggregates.get(f"recall_hop{hop}")
         if hop_agg is not None and hop_agg.mean is not None:
@@ -230,6 +233,36 @@ def log_results(
         },
         "aggregates.json",
     )
+
+
+PER_1K = "cost_per_1k_usd"
+"""The cost metric again as MLflow's own UI shows it: USD per 1,000 questions (`cost_usd` is per
+question, too small to read on a chart axis), overall and per slice (`cost_per_1k_usd/<set>`)."""
+DATASET_COLUMNS = ("question_id", "set", "query_type", "question", "gold_answer")
+
+
+def per_thousand(metrics: Mapping[str, float]) -> dict[str, float]:
+    """`cost_per_1k_usd[/slice]` for every `cost_usd[/slice]` mean: the same number × 1,000."""
+    return {
+        PER_1K + name.removeprefix("cost_usd"): value * 1000.0
+        for name, value in metrics.items()
+        if name == "cost_usd" or name.startswith("cost_usd/")
+    }
+
+
+def log_question_sets(table: Any) -> None:
+    """Each question set of the run as an MLflow dataset input (the runs list's Dataset column):
+    its questions and gold answers, named by the set, with MLflow's digest of the content."""
+    from mlflow.data.pandas_dataset import from_pandas  # MLflow's public dataset constructor
+
+    columns = [c for c in DATASET_COLUMNS if c in table.columns]
+    if "set" not in table.columns or "question_id" not in columns:
+        return
+    questions = table[columns].drop_duplicates("question_id")
+    target = "gold_answer" if "gold_answer" in columns else None
+    for name, rows in questions.groupby("set", sort=True):
+        dataset = from_pandas(rows.reset_index(drop=True), name=str(name), targets=target)
+        mlflow.log_input(dataset, context="evaluation")
 
 
 def _log_table(table: Any) -> None:

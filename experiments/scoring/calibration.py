@@ -151,7 +151,7 @@ def judge(calibration: Calibration, frame: pd.DataFrame) -> dict[str, float]:
 
 
 def save(calibration: Calibration, path: Path, note: str = "") -> None:
-    """Write the calibration as a Hydra config (conf/strategy/calibration/<name>.yaml)."""
+    """Write the calibration as a Hydra config (caprag/calibrations/<name>.yaml)."""
     body = {
         "fitted_on": calibration.fitted_on,
         "intercept": calibration.intercept,

@@ -71,13 +71,13 @@ def test_adaptive_summary_judges_the_targets_question_by_question() -> None:
         depth=[1, 1, 2, 2],
         needed_2plus_rounds=[0.0, 0.0, 1.0, 1.0],
         reached_threshold=[1.0, 1.0, 0.0, 0.0],
-        decisions=["sufficient", "sufficient", "top_k_unchanged", "top_k_unchanged"],
+        decisions=["sufficient", "sufficient", "no_new_evidence", "no_new_evidence"],
     )
     summary = adaptive_summary(auto, deep)
     assert summary["savings"] == pytest.approx(0.4)
     assert summary["recall_at_k_auto"] == summary["recall_at_k_deep"] == 0.75
     assert summary["context_recall_auto"] == pytest.approx(0.875)
-    assert summary["stop:sufficient"] == summary["stop:top_k_unchanged"] == 0.5
+    assert summary["stop:sufficient"] == summary["stop:no_new_evidence"] == 0.5
     assert summary["depth_1"] == 0.5 and summary["depth_3"] == 0.0
     assert summary["success_rate"] == 0.75 and summary["mean_confidence"] == pytest.approx(0.7)
     line = verdict_line(summary)

@@ -93,3 +93,23 @@ def test_cli_rejects_an_unknown_run_and_a_run_without_a_table(store_env: LoggedR
     with pytest.raises(SystemExit) as exit_info:
         compare.main([store_env.baseline, store_env.better, "--resamples", "0"])
     assert exit_info.value.code == 2
+
+
+def test_set_compares_one_question_set_and_names_the_sets_when_unknown(
+    store_env: LoggedRuns, capsys
+) -> None:
+    a, b = synthetic_pair(n=60, shift=0.1, seed=5)
+    ids = []
+    for name, rows in (("a-sets", a), ("b-sets", b)):
+        rows = rows.assign(set=["cross_book" if i % 3 else "single_book" for i in range(len(rows))])
+        experiment = mlflow.get_experiment_by_name("significance-test").experiment_id
+        with mlflow.start_run(experiment_id=experiment, run_name=name, tags=TAGS) as run:
+            mlflow.log_table(rows, artifact_file="questions.json")
+            ids.append(run.info.run_id)
+    assert compare.main([*ids, "--set", "single_book", "--resamples", "500"]) == 0
+    out = capsys.readouterr().out
+    assert "question set: single_book" in out
+    assert "20 questions paired" in out
+    assert compare.main([*ids, "--set", "follow_up"]) == 2
+    err = capsys.readouterr().err
+    assert "no question of set 'follow_up' in the run; its sets: cross_book, single_book" in err

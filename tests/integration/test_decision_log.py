@@ -42,7 +42,9 @@ class Unsure:
     kind = "rule"
     model = "offline"
 
-    async def __call__(self, question: str, documents: Any) -> StepResult[ConfidenceAssessment]:
+    async def __call__(
+        self, question: str, documents: Any, **_: Any
+    ) -> StepResult[ConfidenceAssessment]:
         return StepResult(value=ConfidenceAssessment(confidence=0.1), usage=None)
 
 
@@ -180,14 +182,15 @@ def test_no_power_chosen_is_fixed_depth_2(client: TestClient, log: DecisionLog) 
     assert [(h["depth"], h["adaptive_decision"]) for h in data["hops"]] == [(2, "forced_depth")]
     record = log.get(data["request_id"])
     assert record is not None and (record.power, record.power_source) == ("2", "default")
+    assert record.query_type == data["hops"][0]["query_type"] == "factual"  # persisted with it
     auto = client.post("/api/ask", json={"question": SIMPLE, "power": "auto"}).json()
     assert [(h["depth"], h["adaptive_decision"]) for h in auto["hops"]] == [(1, "sufficient")]
     chosen = log.get(auto["request_id"])
     assert chosen is not None and (chosen.power, chosen.power_source) == ("auto", "request")
     page = client.get("/").text
-    assert '<option value="2" selected>2 (default)</option>' in page
+    assert '<option value="2" selected>2 (balanced) — default</option>' in page
     form = client.post("/chat", data={"question": SIMPLE, "thread_id": str(uuid.uuid4())}).text
-    assert "depth used 2/3" in form and "power 2" in form
+    assert "depth used 2/3" in form and "power 2 (balanced)" in form and "factual question" in form
 
 
 def test_the_server_default_power_comes_from_the_settings(
@@ -200,7 +203,7 @@ def test_the_server_default_power_comes_from_the_settings(
         data = client.post("/api/ask", json={"question": SIMPLE}).json()
         assert [h["adaptive_decision"] for h in data["hops"]] == ["sufficient"]
         assert data["decision_log"]["power"] == "auto"
-        assert '<option value="auto" selected>auto (default)</option>' in client.get("/").text
+        assert '<option value="auto" selected>auto — default</option>' in client.get("/").text
 
 
 # The configured ladder on the page
@@ -386,3 +389,15 @@ def test_the_server_refuses_to_start_on_an_unusable_log(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("error: cannot open the decision log CAPRAG_DECISION_LOG=")
     assert done.stderr.count("\n") == 1
+
+
+def test_the_chat_page_polls_the_rounds_of_a_running_turn(client: TestClient) -> None:
+    progress_id = str(uuid.uuid4())
+    waiting = client.get(f"/chat/progress/{progress_id}").text
+    assert "classifying the question" in waiting  # before its first round is decided
+    form = {"question": SIMPLE, "thread_id": str(uuid.uuid4()), "power": "auto"}
+    client.post("/chat", data={**form, "progress_id": progress_id})
+    rounds = client.get(f"/chat/progress/{progress_id}").text
+    assert "round 1: depth 1/3" in rounds and "→ sufficient" in rounds
+    page = client.get("/").text
+    assert "htmx:configRequest" in page and "/chat/progress/" in page  # the page polls it

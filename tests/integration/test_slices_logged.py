@@ -60,6 +60,27 @@ def test_run_logs_recall_per_set_type_and_gold_hops(logged: tuple[str, list[str]
     assert {r.info.run_id for r in found} == set(ids)
 
 
+def test_mlflow_ui_reads_cost_per_1000_questions_and_the_question_sets_as_datasets(
+    logged: tuple[str, list[str], list],
+) -> None:
+    uri, ids, _ = logged
+    mlflow.set_tracking_uri(uri)
+    run = mlflow.get_run(ids[0])
+    metrics = run.data.metrics
+    assert metrics["cost_per_1k_usd"] == pytest.approx(metrics["cost_usd"] * 1000)
+    assert metrics["cost_per_1k_usd/cross_book"] == pytest.approx(
+        metrics["cost_usd/cross_book"] * 1000
+    )
+    inputs = {d.dataset.name: d for d in run.inputs.dataset_inputs}
+    assert set(inputs) == {"single_book", "cross_book", "follow_up", "unanswerable"}
+    tags = {t.key: t.value for t in inputs["cross_book"].tags}
+    assert tags["mlflow.data.context"] == "evaluation"
+    found = mlflow.search_runs(
+        filter_string="datasets.name = 'cross_book'", output_format="list"
+    )  # the filter the README's MLflow section gives
+    assert set(ids) <= {r.info.run_id for r in found}
+
+
 def test_report_and_summary_break_runs_down(
     logged: tuple[str, list[str], list],
     tmp_path: Path,
@@ -68,8 +89,7 @@ def test_report_and_summary_break_runs_down(
 ) -> None:
     uri, ids, _ = logged
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.setattr(report, "REPORTS", tmp_path)
-    assert report.main([*ids, "--name", "slices"]) == 0
+    assert report.main([*ids, "--name", "slices", "--out", str(tmp_path)]) == 0
     text = (tmp_path / "slices.md").read_text()
     assert "## By question set" in text and "## By question type" in text
     assert "## By gold hops" in text
@@ -80,6 +100,9 @@ def test_report_and_summary_break_runs_down(
     assert summary.main(ids) == 0
     printed = capsys.readouterr().out
     assert "## By question set" in printed and "## By question type" in printed
+    verdict = printed.split("Verdict (")[1].splitlines()
+    assert len(verdict) <= 10, "the summary ends with a verdict of at most ten lines"
+    assert any("cross_book" in line and "cost ×" in line for line in verdict)
 
 
 def test_slice_names_of_odd_set_names_are_valid_mlflow_metric_names() -> None:

@@ -41,7 +41,7 @@ def answered() -> QuestionRow:
         messages=MESSAGES,
         reply=REPLY,
     )
-    generate = CallUsage(step="generate", model="offline", prompt_version="generate-v1")
+    generate = CallUsage(step="generate", model="offline", prompt_version="generate-v2")
     return QuestionRow(
         case_id="c1",
         question_id="t-cb-1",
@@ -164,7 +164,7 @@ def test_a_model_call_is_a_chat_span_with_its_messages_and_reply() -> None:
         "total_tokens": 430,
     }
     rule = spans["llm generate"]
-    assert rule.inputs == {"rule": "no call (generate-v1)"}
+    assert rule.inputs == {"rule": "no call (generate-v2)"}
     assert traces.CHAT_MESSAGES not in rule.attributes
 
 

@@ -39,9 +39,10 @@ def test_adaptive_rounds_are_printed_as_the_log_keeps_them(
         )
         for r in record.rounds
     ]
-    assert f"power auto (request), ladder 2 / 4 / 8 chunks, stopped: {record.stop_reason}" in (
+    assert f"power auto (request), {record.query_type} question, ladder 2 / 4 / 8 chunks, " in (
         done.stdout
     )
+    assert f"stopped: {record.stop_reason}" in done.stdout
     assert f"request {record.request_id}" in done.stdout
     assert "hop 1:" not in done.stdout  # the rounds replace the hop counts
 
@@ -50,12 +51,12 @@ def test_without_a_power_the_cli_uses_fixed_depth_2(tmp_path: Path, index_dir: P
     log = tmp_path / "log.db"
     done = ask(tmp_path, index_dir, CROSS_REF, CAPRAG_DECISION_LOG=str(log), **ADAPTIVE)
     assert done.returncode == 0, done.stderr
-    assert "power 2 (default)" in done.stdout
+    assert "power 2 (balanced) (default)" in done.stdout
     assert [r[1:4] + r[6:] for r in ROUND.findall(done.stdout)] == [("2", "3", "4", "forced_depth")]
     forced = ask(
         tmp_path, index_dir, CROSS_REF, "--power", "1", CAPRAG_DECISION_LOG=str(log), **ADAPTIVE
     )
-    assert "power 1 (request)" in forced.stdout
+    assert "power 1 (quick) (request)" in forced.stdout
     assert [r[1] for r in ROUND.findall(forced.stdout)] == ["1"]
     assert [r.power for r in DecisionLog(log).records()] == ["1", "2"]
 

@@ -54,7 +54,7 @@ class YieldingGenerator(RuleGenerator):
         super().__init__()
         self.passes = passes
 
-    async def __call__(self, question: str, documents: Any, history: Any = ()) -> Any:
+    async def __call__(self, question: str, documents: Any, history: Any = (), **_: Any) -> Any:
         for _ in range(self.passes):
             await asyncio.sleep(0)
         return await super().__call__(question, documents, history)
@@ -67,7 +67,7 @@ class RaisingGenerator(RuleGenerator):
         super().__init__()
         self.error = error
 
-    async def __call__(self, question: str, documents: Any, history: Any = ()) -> Any:
+    async def __call__(self, question: str, documents: Any, history: Any = (), **_: Any) -> Any:
         raise self.error
 
 

@@ -158,6 +158,11 @@ def test_stop_rule_names_the_first_budget_reached() -> None:
     assert decide(progress(iteration=3), budget) == "budget_exhausted:iterations"
     assert decide(progress(chunks=50), budget) == "budget_exhausted:chunks"
     assert decide(progress(trimmed=True), budget) == "budget_exhausted:tokens"
+    assert decide(progress(cost_usd=1.0), budget) == "increase_depth"  # no cost budget set
+    priced = Budget(max_cost_usd=0.001)
+    assert decide(progress(cost_usd=0.0009), priced) == "increase_depth"
+    assert decide(progress(cost_usd=0.001), priced) == "budget_exhausted:cost"
+    assert decide(progress(trimmed=True, cost_usd=0.01), priced) == "budget_exhausted:tokens"
     assert decide(progress(elapsed_s=5.0), budget) == "budget_exhausted:timeout"
 
 
@@ -286,6 +291,7 @@ async def test_forced_power_searches_once_and_hints_when_short(
     assert hop.confidence is not None and hop.threshold is not None
     assert hop.confidence < hop.threshold
     assert hop.hint is not None and "raise the power to 2" in hop.hint
+    assert "or choose auto" in hop.hint  # auto deepens until confident: offered too
 
     deeper = await run(strategy, CROSS_REF_UNSEEN, power=2)  # the request's power wins
     [hop] = deeper.hops
@@ -390,3 +396,77 @@ async def test_rule_assess_is_the_free_heuristic(books: MemoryRetriever) -> None
     classified = await rule_steps().classify("Can I dodge after a Flurry?")
     assert classified.value.query_type == "decision"
     assert classified.usage is not None and classified.usage.prompt_version == "classify-v1"
+
+
+def test_powers_are_named_quick_balanced_deep_beside_their_numbers() -> None:
+    from caprag.config import power_label
+    from caprag.web import power_control
+
+    assert [power_label(p) for p in ("auto", 1, 2, 3, None)] == [
+        "auto", "1 (quick)", "2 (balanced)", "3 (deep)", "",
+    ]  # fmt: skip
+    select = power_control([5, 15, 30], 2)
+    assert ">1 (quick)</option>" in select and ">3 (deep)</option>" in select
+    assert '<option value="2" selected>2 (balanced) — default</option>' in select
+
+
+async def test_each_round_is_reported_live_before_the_next_search(
+    books: MemoryRetriever,
+) -> None:
+    from caprag.progress import LISTENER, RoundBoard
+    from caprag.web import live_rounds
+
+    seen_at_search: list[int] = []
+    board = RoundBoard()
+    listen = board.listener("turn")
+
+    class Watched(MemoryRetriever):
+        def search(self, query: str, k: int) -> list[Document]:
+            seen_at_search.append(len(board.rounds("turn") or []))
+            return super().search(query, k)
+
+    token = LISTENER.set(listen)
+    try:
+        state = await run(
+            adaptive(Watched(books.documents), depth_chunks=SMALL_LADDER), CROSS_REF_UNSEEN
+        )
+    finally:
+        LISTENER.reset(token)
+    reported = board.rounds("turn") or []
+    assert [(r.round, r.decision) for r in reported] == [
+        (h.hop, h.adaptive_decision) for h in state.hops
+    ]
+    assert seen_at_search[0] == 0 and seen_at_search[-1] == len(reported) - 1, (
+        "round n is on the board before round n + 1 searches"
+    )
+    live = live_rounds(reported[:1], SMALL_LADDER)
+    assert "round 1: depth 1/" in live and "→ going deeper…" in live and "(needs 90%)" in live
+
+
+async def test_the_generator_is_told_the_confidence_and_says_when_it_is_low(
+    books: MemoryRetriever,
+) -> None:
+    from caprag.steps.generate import GENERATE, RuleGenerator, prompt_values
+
+    docs = books.search(CROSS_REF, 3)
+    low = await RuleGenerator()(CROSS_REF, docs, (), confidence=(0.62, 0.9))
+    assert low.value.answer.endswith(
+        "(Retrieval confidence 0.62 is below the 0.90 this question needs: the answer may be "
+        "incomplete.)"
+    )
+    high = await RuleGenerator()(CROSS_REF, docs, (), confidence=(0.95, 0.9))
+    assert "incomplete" not in high.value.answer
+    told = GENERATE.user.format(**prompt_values(CROSS_REF, docs, (), (0.62, 0.9)))
+    assert (
+        "Retrieval confidence: 0.62 (this question needs 0.90). It is below the threshold" in told
+    )
+    plain = GENERATE.user.format(**prompt_values(CROSS_REF, docs, ()))
+    assert "Retrieval confidence" not in plain  # other strategies' prompts are as before
+
+    llm = rule_steps()
+    strategy = AdaptiveDepthStrategy(books, llm, depth_chunks=SMALL_LADDER, clock=ManualClock())
+    turn = await Pipeline(strategy, llm).ask(CROSS_REF_UNSEEN, "thread", power=1)
+    last = turn.hops[-1]
+    assert last.confidence is not None and last.threshold is not None
+    assert last.confidence < last.threshold
+    assert turn.answer.endswith("the answer may be incomplete.)")  # the graph told the generator

@@ -14,7 +14,7 @@ from hydra.utils import instantiate
 
 from caprag.config import PROJECT_ROOT
 from caprag.errors import ConfigError
-from experiments.harness.benchmarks import load_benchmark, passage_id
+from experiments.harness.benchmarks import load_benchmark, passage_id, pool_notice
 from experiments.harness.data import BookCorpus, load_dataset
 from experiments.results.questions import DatasetError
 
@@ -289,3 +289,14 @@ def test_jsonl_config_requires_a_path() -> None:
         cfg = compose("config", overrides=["dataset=jsonl"])
     with pytest.raises(MissingMandatoryValue, match=r"dataset\.path"):
         instantiate(cfg.dataset)
+
+
+def test_a_benchmark_run_says_its_pool_and_embedding_estimate_before_ingesting() -> None:
+    path = BENCHMARKS / "hotpotqa_dev_distractor.jsonl"
+    pooled = load_benchmark("hotpotqa", path, limit=10)
+    text = pool_notice(pooled, "dense", "minilm")
+    assert "10 question(s) over a pool of 2,478 paragraphs" in text
+    assert "about 41 s" in text  # 2,478 / 60 paragraphs per second
+    assert "dataset.mode=distractor searches only each question's own paragraphs" in text
+    lexical = pool_notice(load_benchmark("hotpotqa", path, mode="distractor", limit=10), "bm25")
+    assert "bm25 embeds nothing" in lexical and "dataset.mode=pooled searches all" in lexical
