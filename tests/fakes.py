@@ -236,12 +236,12 @@ class HangingAnalyzer(RuleAnalyzer):
         self.hang_on = hang_on.lower()
         self.garble_on = garble_on.lower()
 
-    async def __call__(self, question: str, documents: Any, searched: Any) -> Any:
+    async def __call__(self, question: str, documents: Any, searched: Any, **options: Any) -> Any:
         if self.hang_on in question.lower():
             await asyncio.Event().wait()  # never set: only the question's timeout ends it
         if self.garble_on in question.lower():
             raise StructuredOutputError("SufficiencyDecision", "reply was not JSON: 'Sure!'", 3)
-        return await super().__call__(question, documents, searched)
+        return await super().__call__(question, documents, searched, **options)
 
 
 def flaky_steps(hang_on: str = "torch", garble_on: str = "stamina", **_group: Any) -> Steps:

@@ -325,10 +325,14 @@ def about_nothing(question: str, documents: Sequence[Document]) -> bool:
     return held < ABOUT_MIN_TERMS or held / len(wanted) < ABOUT_MIN_SHARE
 
 
-def follow_up(question: str, target: str) -> str:
+def follow_up(question: str, target: str, notes: list[str] | None = None) -> str:
     """A follow-up query keeps the question's context: the question with the name or reference
-    it follows (a name alone finds passages that mention it for any reason)."""
-    return f"{question} {target}"
+    it follows (a name alone finds passages that mention it for any reason). Within the
+    schema's MAX_QUERY_CHARS, a long question is cut, never the name it follows (noted)."""
+    room = MAX_QUERY_CHARS - len(target) - 1
+    if room < 1:
+        return fit(target, MAX_QUERY_CHARS, "a query", notes)
+    return f"{fit(question, room, 'the question in a follow-up query', notes)} {target}"
 
 
 def decide(
@@ -363,7 +367,7 @@ def decide(
             pointers = [r.query() for r in answer_pointers(question, documents, read)]
         else:
             names_ = answer_bridges(question, documents, catalog)
-            pointers = [follow_up(question, name) for name in names_]
+            pointers = [follow_up(question, name, notes) for name in names_]
         pointers = [q for q in pointers if q.lower() not in asked][:MAX_NEW_QUERIES]
         if pointers:
             reasoning = "the answering sentence points to: " + ", ".join(pointers)
@@ -395,7 +399,7 @@ def decide(
     ]
     if bridges:
         reasons.append("named by the passages, not gathered yet: " + ", ".join(bridges))
-        queries += [follow_up(question, name) for name in bridges]
+        queries += [follow_up(question, name, notes) for name in bridges]
     queries = [fit(q, MAX_QUERY_CHARS, "a query", notes) for q in queries[:MAX_NEW_QUERIES]]
     if not queries:
         reasons.append("nothing left to follow: every reference is resolved or already searched")

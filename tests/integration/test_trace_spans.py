@@ -136,7 +136,7 @@ def test_hop_spans_carry_their_documents_with_passage_text_in_retriever_format()
         {
             "page_content": "Two attacks.",
             "metadata": {"passage_id": "fighting/flurry", "book_id": "fighting", "page": 3,
-                         "score": 0.5, "new": True, "gold": True, "section": "Flurry"},
+                         "score": 0.5, "new": True, "query": 0, "gold": True, "section": "Flurry"},
             "id": "fighting/flurry",
         }
     ]  # fmt: skip

@@ -17,11 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from caprag.api import create_app
+from caprag.catalog import Catalog
 from caprag.config import BUNDLED_CORPUS
 from caprag.schemas import MAX_QUERY_CHARS, Document
 from caprag.services import MAX_QUESTION_CHARS, AskResult, Pipeline
 from caprag.steps import rule_steps
-from caprag.steps.analyze import MAX_REASONING_CHARS
+from caprag.steps.analyze import MAX_REASONING_CHARS, RuleAnalyzer
 from caprag.steps.generate import MAX_ANSWER_CHARS
 from caprag.store import PassageIndex
 from caprag.strategies import STRATEGIES
@@ -109,14 +110,26 @@ def test_the_probed_questions_are_answered_by_every_strategy(
         assert result.strategy == name
 
 
-def test_a_cut_query_is_recorded_on_the_call() -> None:
-    question = " ".join(f"zorblax{i} quintessential{i} farrowmere{i}" for i in range(30))
-    # text without citations: the rule searches the uncovered terms (a citing corpus does not)
-    torch = Document(passage_id="a/t", book_id="a", book_short="A", section="Torch", text="Lit.")
-    analysis = asyncio.run(rule_steps().analyze(question, [torch], [question]))
+def test_a_cut_query_is_recorded_on_the_call_and_keeps_the_name_it_follows() -> None:
+    words = [f"zorblax{i} quintessential{i} farrowmere{i}" for i in range(30)]
+    question = " ".join(words)
+    # encyclopaedic text (`links: names`): the passage names another passage's title
+    keep = Document(
+        passage_id="a/k",
+        book_id="a",
+        book_short="A",
+        section="Zorblax",
+        text=" ".join(words[:20]) + " near Moonfall Harbour.",
+    )
+    harbour = Document(
+        passage_id="a/h", book_id="a", book_short="A", section="Moonfall Harbour", text="A port."
+    )
+    analyzer = RuleAnalyzer(links="names")
+    analysis = asyncio.run(analyzer(question, [keep], [question], catalog=Catalog([keep, harbour])))
     assert analysis.usage is not None
     assert any("cut from" in note for note in analysis.usage.notes), analysis.usage.notes
-    assert all(len(q) <= MAX_QUERY_CHARS for q in analysis.value.new_queries)
+    [query] = analysis.value.new_queries
+    assert len(query) <= MAX_QUERY_CHARS and query.endswith(" Moonfall Harbour")
 
 
 @settings(
