@@ -47,6 +47,7 @@ from caprag.errors import (
     ThreadBusyError,
 )
 from caprag.schemas import CallUsage, Source
+from caprag.secrets import install_log_redaction, redact
 from caprag.services import (
     MAX_QUESTION_CHARS,
     AskResult,
@@ -420,20 +421,20 @@ def create_app(pipeline: Pipeline | None = None, settings: Settings | None = Non
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         return JSONResponse(
             status_code=exc.status_code,
-            content={"error": _http_message(exc, request)},
+            content={"error": redact(_http_message(exc, request))},
             headers=exc.headers,
         )
 
     @app.exception_handler(CapragError)
     async def failed(_request: Request, exc: CapragError) -> JSONResponse:
-        content: dict[str, Any] = {"error": str(exc)}
+        content: dict[str, Any] = {"error": redact(str(exc))}
         if isinstance(exc, RequestTimeoutError):
             content |= {"request_id": exc.request_id, "stop_reason": exc.stop_reason}
         return JSONResponse(status_code=_status(exc), content=content)
 
     @app.exception_handler(Exception)
     async def crashed(_request: Request, exc: Exception) -> JSONResponse:
-        message = f"internal error: {type(exc).__name__}: {exc}"
+        message = redact(f"internal error: {type(exc).__name__}: {exc}")
         return JSONResponse(status_code=500, content={"error": message})
 
     @app.post("/api/ask", response_model=AskResponse)
@@ -559,7 +560,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
 
-    uvicorn.run(create_app(pipeline, settings), host=host, port=port, log_level="info")
+    config = uvicorn.Config(create_app(pipeline, settings), host=host, port=port, log_level="info")
+    install_log_redaction()  # after uvicorn configured its loggers: no key in any server log
+    uvicorn.Server(config).run()
     return 0
 
 

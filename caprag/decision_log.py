@@ -31,6 +31,7 @@ from typing import Literal
 from pydantic import AliasChoices, BaseModel, Field, field_validator
 
 from caprag.errors import ConfigError
+from caprag.secrets import redact
 
 BUSY_TIMEOUT_MS = 10_000
 QUEUE_AFTER_S = 0.5
@@ -283,13 +284,13 @@ class DecisionLog:
     def write(self, record: DecisionRecord, wait_s: float = BUSY_TIMEOUT_MS / 1000) -> None:
         """Keep one request's record (a request id written twice keeps the later record); raise
         when the log stays busy or unusable for `wait_s`."""
-        body = record.model_dump_json(exclude={"feedback"})
+        body = redact(record.model_dump_json(exclude={"feedback"}))  # errors may echo a key
         row = (
             record.request_id,
             record.created_at,
             record.thread_id,
             record.strategy,
-            record.question,
+            redact(record.question),
             body,
         )
         self._transaction(
@@ -390,7 +391,7 @@ class DecisionLog:
             if found[0]:
                 db.execute(
                     "INSERT OR REPLACE INTO feedback VALUES (?, ?, ?, ?)",
-                    (request_id, int(enough), comment, feedback.created_at),
+                    (request_id, int(enough), redact(comment), feedback.created_at),
                 )
 
         self._transaction(store)

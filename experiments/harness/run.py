@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from caprag.errors import CapragError
+from caprag.secrets import install_log_redaction
 from experiments.harness import cluster, groups, workers
 from experiments.harness.build import (
     Components,
@@ -251,6 +252,7 @@ groups.offer_registered()  # before @hydra.main composes: registered names are g
 def main(cfg: DictConfig) -> float | None:
     """Hydra entry point: resolve the config and run it. Exit 2 with a one-line error on bad
     input (before any question is asked); exit 1 when every question of the run failed."""
+    install_log_redaction()  # Hydra has configured logging (console, run.log): filter it
     sweep_id = None
     if HydraConfig.get().mode == RunMode.MULTIRUN:
         sweep_id = str(HydraConfig.get().sweep.dir)
