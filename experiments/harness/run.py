@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import hydra
@@ -83,6 +84,13 @@ def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
     """
     check_settings(cfg)
     dry = bool(cfg.experiment.dry_run)
+    retries = int(OmegaConf.select(cfg, "tracking.retries", default=tracking.RETRIES))
+    if cfg.tracking.enabled and not dry:
+        # Bounded waits on the server, checked before anything is built or asked.
+        tracking.bound_requests(
+            retries, int(OmegaConf.select(cfg, "tracking.timeout_s", default=tracking.TIMEOUT_S))
+        )
+        tracking.check_reachable(tracking.tracking_uri(cfg.tracking.uri))
     if not dry:
         if cfg.tracking.enabled and cfg.tracking.traces:
             traces.shared()  # forked before anything is built: the fork copies little
@@ -109,14 +117,55 @@ def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
     questions = parts.dataset.questions * repeats
     times = f" x {repeats} repeats" if repeats > 1 else ""
     print(f"run {name}: {questions} questions{times}, k={cfg.retriever.k}", flush=True)
-    identity = RunIdentity.resolve(cfg, config, parts.dataset)
-    tags = run_tags(cfg, identity, strategy, parts.steps)
     writing = bool(cfg.tracking.enabled and cfg.tracking.traces)
+    journaled: list[Path] = []
+    try:
+        identity = RunIdentity.resolve(cfg, config, parts.dataset)
+        tags = run_tags(cfg, identity, strategy, parts.steps)
+        names = (name, strategy.name)
+        rest = (sweep_id, tags, config, writing, journaled)
+        result = _run_logged(cfg, parts, identity, names, *rest)
+    except Exception as exc:
+        uri = tracking.tracking_uri(cfg.tracking.uri)
+        if not (cfg.tracking.enabled and tracking.is_remote(uri) and tracking.unreachable(exc)):
+            raise
+        journal = journaled[0] if journaled else None
+        raise tracking.TrackingUnavailableError(tracking.lost(uri, exc, journal, retries)) from None
+    failed = failures(result.rows)
+    print(run_table(result.aggregates, result.summary, failed), flush=True)
+    if failed.all_failed:
+        print(
+            f"warning: every question failed ({failed.failed} of {failed.total}), so no metric "
+            f"has a value; most common error: {failed.most_common()}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return result
+
+
+def _run_logged(
+    cfg: DictConfig,
+    parts: Components,
+    identity: RunIdentity,
+    names: tuple[str, str],
+    sweep_id: str | None,
+    tags: dict[str, str],
+    config: dict[str, Any],
+    writing: bool,
+    journaled: list[Path],
+) -> RunResult:
+    """Ask every question of the run (journaled as they finish) and log the result to MLflow;
+    `journaled` receives the journal's path as soon as it is open. `names`: the run's and the
+    strategy's."""
+    name, strategy_name = names
+    repeats = max(1, int(cfg.experiment.repeats))
+    questions = parts.dataset.questions * repeats
     with (
         traces.writer(writing) as trace_writer,  # forked before the journal: it must not hold it
         workers.pool(cfg, config) as pool,  # started while the MLflow run and journal open
         identity.open(name, sweep_id, tags) as (journal, run_id),
     ):
+        journaled.append(journal.path)
         done = journal.done()
         resumed = sum(len(rows) for rows in done.values())
         if resumed:
@@ -126,7 +175,7 @@ def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
                 flush=True,
             )
         if trace_writer is not None and run_id is not None:
-            _resume_traces(trace_writer, identity, run_id, done, strategy.name)
+            _resume_traces(trace_writer, identity, run_id, done, strategy_name)
         reuse = row_cache(cfg, parts, config)
         try:
             rows = asyncio.run(
@@ -147,7 +196,7 @@ def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
             summary["reused_cases"] = float(reuse.hits)
         result = RunResult(
             name,
-            strategy.name,
+            strategy_name,
             parts.dataset.name,
             rows,
             aggregates,
@@ -158,15 +207,6 @@ def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
         if run_id is not None:
             result.run_id = run_id
             result.traces = _log(result, trace_writer, uri=identity.uri)
-    failed = failures(result.rows)
-    print(run_table(result.aggregates, result.summary, failed), flush=True)
-    if failed.all_failed:
-        print(
-            f"warning: every question failed ({failed.failed} of {failed.total}), so no metric "
-            f"has a value; most common error: {failed.most_common()}",
-            file=sys.stderr,
-            flush=True,
-        )
     return result
 
 
