@@ -1,6 +1,7 @@
 """The JSON API (`POST /api/ask`) and the chat page (`/`); `python -m caprag.api` serves both.
 
 Every 4xx and 5xx answer is `{"error": "..."}`: validation (422), a cross-origin chat post (403),
+a request addressed to a host name the server does not answer (421: DNS rebinding),
 a body over CAPRAG_MAX_BODY_BYTES (413, refused unread), feedback on an unknown request (404), an
 unusable model answer or a failed LLM endpoint (502), an LLM call over its time limit (504), a
 request cut by CAPRAG_REQUEST_TIMEOUT_S before any passage was found (504, with its `request_id`
@@ -47,6 +48,7 @@ from caprag.errors import (
 )
 from caprag.progress import LISTENER, RoundBoard
 from caprag.schemas import CallUsage, Source
+from caprag.secrets import install_log_redaction, redact
 from caprag.services import (
     MAX_QUESTION_CHARS,
     AskResult,
@@ -169,11 +171,90 @@ class Limits:
 
     max_body_bytes: int = 64 * 1024
     allowed_origins: frozenset[str] = frozenset()
+    allowed_hosts: frozenset[str] = frozenset()
+    """Host names (name, or name:port) served besides LOCAL_HOSTS (CAPRAG_ALLOWED_HOSTS)."""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Limits:
         origins = (o.strip().rstrip("/").lower() for o in settings.allowed_origins.split(","))
-        return cls(settings.max_body_bytes, frozenset(o for o in origins if o))
+        hosts = (h.strip().lower() for h in settings.allowed_hosts.split(","))
+        return cls(
+            settings.max_body_bytes,
+            frozenset(o for o in origins if o),
+            frozenset(h for h in hosts if h),
+        )
+
+    def update(self, other: Limits) -> None:
+        """Take the values of `other` (the settings read at start-up)."""
+        self.max_body_bytes = other.max_body_bytes
+        self.allowed_origins = other.allowed_origins
+        self.allowed_hosts = other.allowed_hosts
+
+
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})
+"""Names the API answers to at its own port whatever the settings say."""
+DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+
+
+def split_host(host: str) -> tuple[str, int | None] | None:
+    """(name, port) of a Host header or URL netloc in lower case; None when it is malformed."""
+    host = host.strip().lower()
+    if host.startswith("["):  # an IPv6 literal: [::1] or [::1]:8000
+        name, bracket, rest = host.partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            return None
+        name, port = name + bracket, rest[1:] if rest else None
+    elif host.count(":") == 1:
+        name, port = host.split(":")
+    else:
+        name, port = host, None
+        if ":" in host:
+            return None
+    if not name or (port is not None and not port.isdigit()):
+        return None
+    return name, int(port) if port is not None else None
+
+
+def host_allowed(host: str, scheme: str, server_port: int | None, extra: frozenset[str]) -> bool:
+    """Whether a request addressed to `host` is for this server: one of LOCAL_HOSTS at the port
+    it listens on (no port: the scheme's default), or a CAPRAG_ALLOWED_HOSTS entry (name:port
+    exactly, a bare name at any port). A rebound DNS name is none of these."""
+    parsed = split_host(host)
+    if parsed is None:
+        return False
+    name, port = parsed
+    if name in extra or f"{name}:{port}" in extra:
+        return True
+    if name not in LOCAL_HOSTS:
+        return False
+    effective = port if port is not None else DEFAULT_PORTS.get(scheme)
+    return server_port is None or effective == server_port
+
+
+class HostGuard:
+    """Answer 421 (`error` JSON) to a request whose Host is not this server's: a page on another
+    name that rebinds its DNS to 127.0.0.1 must not reach the API, the chat or a conversation."""
+
+    def __init__(self, app: ASGIApp, limits: Limits) -> None:
+        self.app = app
+        self.limits = limits
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+        server = scope.get("server")
+        port = server[1] if server else None
+        if not host_allowed(host, scope.get("scheme", "http"), port, self.limits.allowed_hosts):
+            await send_error(
+                send,
+                421,
+                f"host {host!r} is not served here (this server answers 127.0.0.1, localhost "
+                "and [::1] at its port); CAPRAG_ALLOWED_HOSTS adds other names",
+            )
+            return
+        await self.app(scope, receive, send)
 
 
 async def send_error(send: Send, status: int, message: str) -> None:
@@ -238,34 +319,43 @@ class BodyLimit:
                 raise
 
 
-def _netloc(scheme: str, host: str) -> str:
-    """host[:port] in lower case with the scheme's default port left out."""
-    host = host.lower()
-    default = {"http": ":80", "https": ":443"}.get(scheme.lower())
-    return host.removesuffix(default) if default else host
+def _endpoint(scheme: str, netloc: str) -> tuple[str, str, int | None] | None:
+    """(scheme, host, port) with the scheme's default port filled in; None when malformed."""
+    parsed = split_host(netloc)
+    if parsed is None:
+        return None
+    name, port = parsed
+    scheme = scheme.lower()
+    return scheme, name, port if port is not None else DEFAULT_PORTS.get(scheme)
 
 
 def check_origin(request: Request) -> None:
-    """Refuse a chat post from another site (403). A post without Origin comes from a non-browser
-    client (curl, scripts: browsers send Origin with every POST) and is let through."""
+    """Refuse a chat post from another site (403): its Origin must be this server exactly (the
+    scheme, host and port the request was made to; the host already checked by HostGuard) or a
+    CAPRAG_ALLOWED_ORIGINS entry. A post without Origin comes from a non-browser client (curl,
+    scripts: browsers send Origin with every POST) and is let through."""
     origin = request.headers.get("origin")
     if origin is None:
         return
     limits: Limits = request.app.state.limits
-    parts = urlsplit(origin)
     host = request.headers.get("host", "")
     if origin.rstrip("/").lower() in limits.allowed_origins:
         return
+    parts = urlsplit(origin)
+    own = _endpoint(request.url.scheme, host)
     if (
         parts.scheme
         and parts.netloc
-        and _netloc(parts.scheme, parts.netloc) == _netloc(parts.scheme, host)
+        and own is not None
+        and _endpoint(parts.scheme, parts.netloc) == own
+        and not parts.path.strip("/")
     ):
         return
     raise HTTPException(
         403,
-        f"cross-origin post refused: Origin {origin} is not this server ({host}); "
-        "CAPRAG_ALLOWED_ORIGINS lists other origins allowed to post to /chat",
+        f"cross-origin post refused: Origin {origin} is not this server "
+        f"({request.url.scheme}://{host}); CAPRAG_ALLOWED_ORIGINS lists other origins allowed "
+        "to post to /chat",
     )
 
 
@@ -309,11 +399,7 @@ def create_app(pipeline: Pipeline | None = None, settings: Settings | None = Non
         if "pipeline" not in state:
             read = load_settings()
             state["pipeline"] = build_pipeline(read)
-            fresh = Limits.from_settings(read)
-            limits.max_body_bytes, limits.allowed_origins = (
-                fresh.max_body_bytes,
-                fresh.allowed_origins,
-            )
+            limits.update(Limits.from_settings(read))
         await state["pipeline"].open()
         yield
         await state["pipeline"].aclose()
@@ -326,6 +412,7 @@ def create_app(pipeline: Pipeline | None = None, settings: Settings | None = Non
     app.state.limits = limits
     rounds = RoundBoard()
     app.add_middleware(BodyLimit, limits=limits)
+    app.add_middleware(HostGuard, limits=limits)  # added last: runs first
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.exception_handler(RequestValidationError)
@@ -336,20 +423,20 @@ def create_app(pipeline: Pipeline | None = None, settings: Settings | None = Non
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         return JSONResponse(
             status_code=exc.status_code,
-            content={"error": _http_message(exc, request)},
+            content={"error": redact(_http_message(exc, request))},
             headers=exc.headers,
         )
 
     @app.exception_handler(CapragError)
     async def failed(_request: Request, exc: CapragError) -> JSONResponse:
-        content: dict[str, Any] = {"error": str(exc)}
+        content: dict[str, Any] = {"error": redact(str(exc))}
         if isinstance(exc, RequestTimeoutError):
             content |= {"request_id": exc.request_id, "stop_reason": exc.stop_reason}
         return JSONResponse(status_code=_status(exc), content=content)
 
     @app.exception_handler(Exception)
     async def crashed(_request: Request, exc: Exception) -> JSONResponse:
-        message = f"internal error: {type(exc).__name__}: {exc}"
+        message = redact(f"internal error: {type(exc).__name__}: {exc}")
         return JSONResponse(status_code=500, content={"error": message})
 
     @app.post("/api/ask", response_model=AskResponse)
@@ -486,7 +573,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
 
-    uvicorn.run(create_app(pipeline, settings), host=host, port=port, log_level="info")
+    config = uvicorn.Config(create_app(pipeline, settings), host=host, port=port, log_level="info")
+    install_log_redaction()  # after uvicorn configured its loggers: no key in any server log
+    uvicorn.Server(config).run()
     return 0
 
 

@@ -465,6 +465,11 @@ class ServerPassageIndex(PassageIndex):
                 return
             offset += PAGE
 
+    def checked_manifest(self, books: Sequence[Book]) -> dict[str, Any]:
+        """The manifest as the server holds it: its records are collections, not the files a
+        local store checks for damage."""
+        return self.manifest()
+
     def manifest(self) -> dict[str, Any]:
         """Books in the index: id → hash, source path, counts, metadata."""
         read = {book_id: json.loads(doc) for book_id, doc in self._read_all(self._manifest_records)}

@@ -171,6 +171,12 @@ class SettingsFields(BaseSettings):
         validation_alias=AliasChoices("CAPRAG_ALLOWED_ORIGINS", "allowed_origins"),
         description="Comma-separated origins besides the server's own that may post to /chat.",
     )
+    allowed_hosts: str = Field(
+        "",
+        validation_alias=AliasChoices("CAPRAG_ALLOWED_HOSTS", "allowed_hosts"),
+        description="Comma-separated host names (name or name:port) the API answers besides "
+        "127.0.0.1, localhost and [::1] at its own port.",
+    )
     request_timeout_s: float | None = Field(
         5.0,
         gt=0,

@@ -23,12 +23,15 @@ from caprag.errors import VectorStoreError
 from caprag.schemas import Document
 from caprag.store import (
     PAGE_BOOST,
+    IndexDamageError,
     IngestReport,
     ParentCatalog,
     RestrictedIndex,
     folder_lock,
     manifest_entry,
     passage_to_document,
+    read_json_file,
+    report_damage,
     split_citation,
     write_json,
 )
@@ -83,6 +86,27 @@ class _Loaded:
         return ids[0]
 
 
+def _check_consistent(folder: Path, retriever: Any, tokenizer: Any, passages: int) -> None:
+    """The saved files of one index describe the same passages and vocabulary."""
+    scores = retriever.scores
+    data, indices, indptr = scores["data"], scores["indices"], scores["indptr"]
+    if int(scores["num_docs"]) != passages:
+        raise IndexDamageError(
+            folder / "params.index.json",
+            f"{scores['num_docs']} documents for {passages} listed passages",
+        )
+    if len(indptr) != len(retriever.vocab_dict) + 1 or len(data) != len(indices):
+        raise IndexDamageError(
+            folder / "indptr.csc.index.npy", "the score arrays and vocabulary disagree"
+        )
+    if len(indices) and int(np.max(indices)) >= passages:
+        raise IndexDamageError(folder / "indices.csc.index.npy", "a document number out of range")
+    if len(tokenizer.get_vocab_dict()) != len(retriever.vocab_dict):
+        raise IndexDamageError(
+            folder / "vocab.tokenizer.json", "the tokenizer's vocabulary is not the index's"
+        )
+
+
 class BM25Index(ParentCatalog):
     """Okapi BM25 over whole sections, with the same search interface as PassageIndex."""
 
@@ -127,7 +151,7 @@ class BM25Index(ParentCatalog):
         start = time.perf_counter()
         report = IngestReport()
         with folder_lock(self.path, "ingest"):
-            manifest = self.manifest()
+            manifest = self.checked_manifest(books)
             todo = [
                 b for b in books if manifest.get(b.meta.book_id, {}).get("hash") != b.content_hash
             ]
@@ -151,19 +175,32 @@ class BM25Index(ParentCatalog):
         return report
 
     def _current(self) -> dict[str, Any]:
+        """Which folder holds the index in use, and for which corpus ({} when none, or when the
+        file is damaged: the index is then rebuilt)."""
         file = self.path / CURRENT
         if not file.exists():
             return {}
-        data: dict[str, Any] = json.loads(file.read_text(encoding="utf-8"))
+        try:
+            data = read_json_file(file)
+            if not isinstance(data, dict) or not all(
+                isinstance(data.get(key), str) and data.get(key) for key in ("folder", "signature")
+            ):
+                raise IndexDamageError(file, "no index folder and corpus signature in it")
+        except IndexDamageError as damage:
+            report_damage(damage)
+            return {}
         return data
 
     def _open(self, manifest: dict[str, Any]) -> _Loaded | None:
-        """The saved index if it fits the manifest, else a fresh build (caller holds the lock)."""
+        """The saved index if it fits the manifest and every file of it reads and agrees with
+        the others and the corpus; else a fresh build (caller holds the lock)."""
         signature = corpus_signature(manifest)
         current = self._current()
-        folder = self.path / str(current.get("folder", ""))
-        if current.get("signature") == signature and (folder / "passages.json").exists():
-            return self._load(folder)
+        if current.get("signature") == signature:
+            try:
+                return self._load(self.path / current["folder"])
+            except IndexDamageError as damage:
+                report_damage(damage)
         return self._build(signature)
 
     def _build(self, signature: str) -> _Loaded | None:
@@ -188,24 +225,50 @@ class BM25Index(ParentCatalog):
             tokenizer.save_stopwords(str(folder))
             self.tokenised += len(ids)
         write_json(folder / "passages.json", ids)
-        old = self._current().get("folder")
         write_json(self.path / CURRENT, {"signature": signature, "folder": folder.name})
-        if old and old != folder.name:
-            shutil.rmtree(self.path / str(old), ignore_errors=True)
+        for old in self.path.glob("index-*"):  # earlier builds (even one a damaged file hid)
+            if old != folder:
+                shutil.rmtree(old, ignore_errors=True)
         self.build_seconds += time.perf_counter() - start
         return self._load(folder)
 
     def _load(self, folder: Path) -> _Loaded | None:
+        """The index saved in `folder`; IndexDamageError naming the first file that cannot be
+        read or disagrees (a passage id the corpus lacks, counts that do not match)."""
         import bm25s
 
-        ids: list[str] = json.loads((folder / "passages.json").read_text(encoding="utf-8"))
+        listing = folder / "passages.json"
+        ids = read_json_file(listing)
+        if not isinstance(ids, list) or not all(isinstance(pid, str) for pid in ids):
+            raise IndexDamageError(listing, "not a list of passage ids")
         parents = self.parents()
-        if not ids or any(pid not in parents for pid in ids):
+        lacking = [pid for pid in ids if pid not in parents]
+        if lacking:
+            raise IndexDamageError(
+                listing, f"{len(lacking)} passage id(s) the corpus lacks, first {lacking[0]}"
+            )
+        if len(set(ids)) != len(parents):
+            raise IndexDamageError(
+                listing, f"{len(parents) - len(set(ids))} passage(s) of the corpus missing"
+            )
+        if not ids:
             return None
-        retriever = bm25s.BM25.load(str(folder), mmap=True, show_progress=False)
-        tokenizer = _tokenizer(self.language)
-        tokenizer.load_vocab(str(folder))
-        tokenizer.load_stopwords(str(folder))
+        for file in sorted(folder.iterdir()):  # each saved file must read, to be named if not
+            if file.suffix == ".json":
+                read_json_file(file)
+            elif file.suffix == ".npy":
+                try:
+                    np.load(file, mmap_mode="r", allow_pickle=False)
+                except (OSError, ValueError) as exc:
+                    raise IndexDamageError(file, f"unreadable: {exc}") from None
+        try:
+            retriever = bm25s.BM25.load(str(folder), mmap=True, show_progress=False)
+            tokenizer = _tokenizer(self.language)
+            tokenizer.load_vocab(str(folder))
+            tokenizer.load_stopwords(str(folder))
+        except Exception as exc:  # bm25s raises many kinds on a bad file; all mean damage
+            raise IndexDamageError(folder, f"{type(exc).__name__}: {exc}") from None
+        _check_consistent(folder, retriever, tokenizer, len(ids))
         return _Loaded(
             retriever,
             tokenizer,

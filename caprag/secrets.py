@@ -10,6 +10,7 @@ the value of any secret-named environment variable (and any key registered at ru
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -87,3 +88,60 @@ def redact_config(config: Any, *, scan_text: bool = True) -> Any:
     if isinstance(config, str) and scan_text:
         return redact(config)
     return config
+
+
+class RedactingFilter(logging.Filter):
+    """Blank every known secret in a log record (message, arguments, traceback, stack) before
+    any handler writes it. Always lets the record through."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        clean = redact(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = _FORMATTER.formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info)
+        return True
+
+
+_FORMATTER = logging.Formatter()
+REDACTION = RedactingFilter()
+"""The one filter: on the root's handlers, on every logger below and on their handlers."""
+LOGGERS = (
+    "caprag",
+    "experiments",
+    "instructor",
+    "openai",
+    "httpx",
+    "httpcore",
+    "ragas",
+    "langchain",
+    "langchain_core",
+    "langchain_openai",
+    "langgraph",
+    "mlflow",
+    "uvicorn",
+    "uvicorn.error",
+    "uvicorn.access",
+    "chromadb",
+    "hydra",
+    "py.warnings",
+)
+"""Loggers of the project and the libraries it calls (a child logger's records reach handlers
+above it without the parent logger's filters, so the handlers carry the filter too)."""
+
+
+def install_log_redaction() -> None:
+    """Put REDACTION on every handler configured now (the root's, Hydra's run.log, uvicorn's)
+    and on the project's and libraries' loggers; call again after logging is (re)configured."""
+    loggers = [logging.getLogger(), *(logging.getLogger(name) for name in LOGGERS)]
+    handlers = [h for logger in loggers for h in logger.handlers]
+    if logging.lastResort is not None:
+        handlers.append(logging.lastResort)
+    for target in (*loggers, *handlers):
+        if REDACTION not in target.filters:
+            target.addFilter(REDACTION)

@@ -462,7 +462,8 @@ class Pipeline:
     async def _log(self, record: DecisionRecord) -> None:
         """Write a turn's record to the decision log, if there is one."""
         if self.decision_log is not None:
-            await asyncio.to_thread(self.decision_log.write, record)
+            # Bounded: a busy or unusable log queues the record rather than delay the answer.
+            await asyncio.to_thread(self.decision_log.write_or_queue, record)
 
     async def feedback(self, request_id: str, enough: bool, comment: str = "") -> Feedback | None:
         """Store the user's verdict on an answer with its decision record (None: no such

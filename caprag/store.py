@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import re
 import time
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from pydantic import ValidationError
 from tqdm import tqdm
 
 from caprag.books import Book, Passage, iter_citations
@@ -26,6 +28,37 @@ INGEST_BATCH = 32
 """Passages embedded per call (their children sorted by length across the encoder's threads)."""
 SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z(\"'])")
 PAGE_BOOST = 0.25
+
+log = logging.getLogger(__name__)
+
+
+class IndexDamageError(Exception):
+    """A saved index file that cannot be read or disagrees with the corpus or with the other
+    files of its index: the index is rebuilt from the corpus, never used as it is."""
+
+    def __init__(self, file: Path, reason: str) -> None:
+        super().__init__(f"{file}: {reason}")
+        self.file = file
+        self.reason = reason
+
+
+def report_damage(damage: IndexDamageError) -> None:
+    """The one warning line a damaged index file gets (the rebuild follows)."""
+    log.warning(
+        "index file %s is damaged (%s): rebuilding the index from the corpus",
+        damage.file,
+        damage.reason,
+    )
+
+
+def read_json_file(file: Path) -> Any:
+    """The JSON a saved index file holds; IndexDamageError when it cannot be read."""
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise IndexDamageError(file, "missing") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise IndexDamageError(file, f"unreadable: {type(exc).__name__}: {exc}") from None
 
 
 def split_children(passage: Passage, child_chars: int = CHILD_CHARS) -> list[str]:
@@ -168,6 +201,48 @@ class ParentCatalog:
         data: dict[str, Any] = json.loads(self._manifest_path.read_text(encoding="utf-8"))
         return data
 
+    def checked_manifest(self, books: Sequence[Book]) -> dict[str, Any]:
+        """The manifest, less every book whose saved files are damaged (so an ingest of `books`
+        rebuilds it): an unreadable manifest counts as empty; a book's parents file must read
+        and, for a book the corpus holds unchanged, hold exactly the corpus's passage ids (an
+        id the corpus lacks is damage). Each damaged file gets one warning line."""
+        file = self._manifest_path
+        manifest: dict[str, Any] = {}
+        if file.exists():
+            try:
+                manifest = _manifest_shape(file, read_json_file(file))
+            except IndexDamageError as damage:
+                report_damage(damage)
+        corpus = {book.meta.book_id: book for book in books}
+        for book_id in list(manifest):
+            book = corpus.get(book_id)
+            unchanged = book is not None and manifest[book_id]["hash"] == book.content_hash
+            expected = {p.passage_id for p in book.passages} if book and unchanged else None
+            try:
+                self._check_parents(book_id, expected)
+            except IndexDamageError as damage:
+                report_damage(damage)
+                del manifest[book_id]
+        self._parents = None
+        return manifest
+
+    def _check_parents(self, book_id: str, expected: set[str] | None) -> None:
+        file = self._parents_file(book_id)
+        rows = read_json_file(file)
+        try:
+            if not isinstance(rows, list):
+                raise TypeError(f"a list of passages expected, found {type(rows).__name__}")
+            ids = {Document.model_validate(row).passage_id for row in rows}
+        except (TypeError, ValidationError) as exc:
+            raise IndexDamageError(file, f"not a list of passages: {exc}") from None
+        if expected is not None and ids != expected:
+            lacking = sorted(ids - expected)
+            if lacking:
+                raise IndexDamageError(
+                    file, f"{len(lacking)} passage id(s) the corpus lacks, first {lacking[0]}"
+                )
+            raise IndexDamageError(file, f"{len(expected - ids)} passage(s) of the book missing")
+
     def parents(self) -> dict[str, Document]:
         """Every indexed passage by id (read once, cached)."""
         if self._parents is None:
@@ -188,6 +263,18 @@ class ParentCatalog:
     def book_by_short(self, short: str) -> str | None:
         """Book id for a short name used in citations ('Combat' → 'combat')."""
         return find_book(self.books(), short)
+
+
+def _manifest_shape(file: Path, data: Any) -> dict[str, Any]:
+    """`data` if it is a manifest (book id -> entry with a hash and metadata), else damage."""
+    if not isinstance(data, dict) or not all(
+        isinstance(entry, dict)
+        and isinstance(entry.get("hash"), str)
+        and isinstance(entry.get("meta"), dict)
+        for entry in data.values()
+    ):
+        raise IndexDamageError(file, "not a manifest of books (id -> hash and metadata)")
+    return data
 
 
 class PassageIndex(ParentCatalog):
@@ -269,7 +356,7 @@ class PassageIndex(ParentCatalog):
     def _ingest(self, books: Sequence[Book], *, prune: bool, progress: bool) -> IngestReport:
         start = time.perf_counter()
         report = IngestReport()
-        manifest = self.manifest()
+        manifest = self.checked_manifest(books)
         todo = [b for b in books if manifest.get(b.meta.book_id, {}).get("hash") != b.content_hash]
         report.skipped = [b.meta.book_id for b in books if b not in todo]
         if prune:

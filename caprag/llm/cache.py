@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from caprag.errors import CapragError
+from caprag.secrets import redact
 
 SCHEMA_VERSION = "llm-cache-v1"
 """Part of every key: changing what is stored changes it, so old entries are never misread."""
@@ -77,7 +78,7 @@ class ResponseCache:
 
     def put(self, key: str, value: dict[str, Any], *, model: str = "", step: str = "") -> None:
         """Store a reply (a concurrent writer of the same key wins; both wrote the same call)."""
-        blob = json.dumps(value, ensure_ascii=False)
+        blob = redact(json.dumps(value, ensure_ascii=False))  # no secret on disk, whatever came
         with self._lock:
             try:
                 self._db.execute(

@@ -30,7 +30,7 @@ from caprag.llm.cache import ResponseCache, cache_key
 from caprag.llm.prompt import Prompt, as_sent
 from caprag.llm.usage import count_tokens, price
 from caprag.schemas import CallUsage
-from caprag.secrets import redact
+from caprag.secrets import redact, redact_records
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -157,7 +157,7 @@ class StructuredClient:
         self, step: str, prompt: Prompt, messages: list[BaseMessage], raw: Any, t0: float
     ) -> CallUsage:
         reported = getattr(raw, "usage_metadata", None) if isinstance(raw, AIMessage) else None
-        reply = raw_text(raw)
+        reply = raw_text(raw)  # counted as the model sent it; kept with secrets blanked
         if reported:
             prompt_tokens = int(reported.get("input_tokens", 0))
             completion_tokens = int(reported.get("output_tokens", 0))
@@ -177,8 +177,8 @@ class StructuredClient:
             started_at=time.time() - latency_s,
             counted=counted,  # type: ignore[arg-type]
             prompt_version=prompt.version,
-            messages=as_sent(messages),
-            reply=reply,
+            messages=redact_records(as_sent(messages)),
+            reply=redact(reply),
         )
 
     async def structured(
@@ -222,7 +222,8 @@ class StructuredClient:
                     raise ValueError(
                         out.get("parsing_error") or f"no {schema.__name__} in the reply"
                     )
-                value = schema.model_validate(out["parsed"])
+                # A reply that repeats a secret (the key) is blanked before anything keeps it.
+                value = schema.model_validate(redact_records(out["parsed"]))
             except ValueError as exc:  # pydantic's ValidationError is a ValueError
                 detail = _why(exc, raw)
                 continue
@@ -262,7 +263,7 @@ class StructuredClient:
                             f"{step}: no readable reply in {attempt} attempt(s): {unreadable.cause}"
                         )
                     ) from unreadable.cause
-        text = raw_text(raw).strip().strip('"').strip()
+        text = redact(raw_text(raw).strip().strip('"').strip())
         usage = self._usage(step, prompt, messages, raw, t0)
         self._store(key, text, usage)
         return text, usage

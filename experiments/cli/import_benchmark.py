@@ -61,21 +61,38 @@ class Summary:
     read: int = 0
     written: int = 0
     skipped: Counter[str] = field(default_factory=Counter)
+    first_skipped: dict[str, str] = field(default_factory=dict)
+    """The first record skipped for each reason (its number, and its id when it has one)."""
     types: Counter[str] = field(default_factory=Counter)
     unanswerable: int = 0
 
     def lines(self, output: Path) -> list[str]:
         """The summary as printed after an import."""
-        skipped = sum(self.skipped.values())
-        reasons = "; ".join(f"{reason}: {n}" for reason, n in self.skipped.most_common())
         types = ", ".join(f"{name} {n}" for name, n in sorted(self.types.items()))
         return [
             f"records read: {self.read}",
             f"written: {self.written} -> {output}",
-            f"skipped: {skipped}" + (f" ({reasons})" if reasons else ""),
+            self.skipped_line(),
             f"question types: {types or '-'}",
             f"unanswerable: {self.unanswerable}",
         ]
+
+    def skip(self, reason: str, number: int, value: object) -> None:
+        """Count a skipped record under its reason (the first one of each reason is named)."""
+        self.skipped[reason] += 1
+        if reason not in self.first_skipped:
+            name = value.get("_id", value.get("id")) if isinstance(value, dict) else None
+            self.first_skipped[reason] = f"record {number}" + (
+                f" (id {name})" if isinstance(name, str | int) else ""
+            )
+
+    def skipped_line(self) -> str:
+        """How many records were skipped, per reason, with the first record of each."""
+        reasons = "; ".join(
+            f"{reason}: {n}, first {self.first_skipped.get(reason, '?')}"
+            for reason, n in self.skipped.most_common()
+        )
+        return f"skipped: {sum(self.skipped.values())}" + (f" ({reasons})" if reasons else "")
 
 
 # 1. Reading fields with a name for every complaint.
@@ -580,10 +597,10 @@ def convert(
         except RecordError as exc:
             raise ImportFailed(f"{path}: record {number}: {exc}") from None
         except Skip as exc:
-            summary.skipped[str(exc)] += 1
+            summary.skip(str(exc), number, value)
             continue
         if record["id"] in seen:
-            summary.skipped["repeated id"] += 1
+            summary.skip("repeated id", number, value)
             continue
         seen.add(record["id"])
         out.append(record)
@@ -601,7 +618,9 @@ def convert(
         except ValueError as exc:
             raise ImportFailed(f"{path}: output record {number}: {exc}") from None
     if not out:
-        raise ImportFailed(f"{path}: no record could be converted ({summary.read} read)")
+        raise ImportFailed(
+            f"{path}: no record could be converted ({summary.read} read; {summary.skipped_line()})"
+        )
     return out, summary
 
 

@@ -15,6 +15,7 @@ import asyncio
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import hydra
@@ -24,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from caprag.errors import CapragError
+from caprag.secrets import install_log_redaction
 from experiments.harness import cluster, groups
 from experiments.harness.settings import check_override_keys, check_settings
 
@@ -84,7 +86,7 @@ def run(
     check_settings(cfg)
     # 1. the settings are good: now the harness (and MLflow, LangChain, Chroma, pandas) is needed
     from experiments.harness import workers
-    from experiments.harness.build import build_components, evaluator_for, row_cache
+    from experiments.harness.build import build_components, evaluator_for
     from experiments.harness.dryrun import client_config, estimate_cost
     from experiments.harness.identity import (
         DEFAULT_RETRIEVER,
@@ -94,11 +96,18 @@ def run(
         retriever_label,
         run_tags,
     )
-    from experiments.results import traces
-    from experiments.results.aggregate import aggregate, failures, summary_metrics
+    from experiments.results import traces, tracking
+    from experiments.results.aggregate import failures
     from experiments.results.tables import run_table
 
     dry = bool(cfg.experiment.dry_run)
+    retries = int(OmegaConf.select(cfg, "tracking.retries", default=tracking.RETRIES))
+    if cfg.tracking.enabled and not dry:
+        # Bounded waits on the server, checked before anything is built or asked.
+        tracking.bound_requests(
+            retries, int(OmegaConf.select(cfg, "tracking.timeout_s", default=tracking.TIMEOUT_S))
+        )
+        tracking.check_reachable(tracking.tracking_uri(cfg.tracking.uri))
     if not dry:
         if cfg.tracking.enabled and cfg.tracking.traces:
             traces.shared()  # forked before anything is built: the fork copies little
@@ -126,14 +135,61 @@ def run(
     times = f" x {repeats} repeats" if repeats > 1 else ""
     setup = resolved_setup(cfg, parts, strategy, given)
     print(f"run {name}: {questions} questions{times}; " + describe_setup(setup), flush=True)
-    identity = RunIdentity.resolve(cfg, config, parts.dataset)
-    tags = run_tags(cfg, identity, strategy, parts.steps, setup)
     writing = bool(cfg.tracking.enabled and cfg.tracking.traces)
+    journaled: list[Path] = []
+    try:
+        identity = RunIdentity.resolve(cfg, config, parts.dataset)
+        tags = run_tags(cfg, identity, strategy, parts.steps, setup)
+        names = (name, strategy.name)
+        rest = (sweep_id, tags, config, writing, journaled, setup)
+        result = _run_logged(cfg, parts, identity, names, *rest)
+    except Exception as exc:
+        uri = tracking.tracking_uri(cfg.tracking.uri)
+        if not (cfg.tracking.enabled and tracking.is_remote(uri) and tracking.unreachable(exc)):
+            raise
+        journal = journaled[0] if journaled else None
+        raise tracking.TrackingUnavailableError(tracking.lost(uri, exc, journal, retries)) from None
+    failed = failures(result.rows)
+    print(run_table(result.aggregates, result.summary, failed), flush=True)
+    if failed.all_failed:
+        print(
+            f"warning: every question failed ({failed.failed} of {failed.total}), so no metric "
+            f"has a value; most common error: {failed.most_common()}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return result
+
+
+def _run_logged(
+    cfg: DictConfig,
+    parts: Components,
+    identity: RunIdentity,
+    names: tuple[str, str],
+    sweep_id: str | None,
+    tags: dict[str, str],
+    config: dict[str, Any],
+    writing: bool,
+    journaled: list[Path],
+    setup: dict[str, str],
+) -> RunResult:
+    """Ask every question of the run (journaled as they finish) and log the result to MLflow;
+    `journaled` receives the journal's path as soon as it is open. `names`: the run's and the
+    strategy's."""
+    from experiments.harness import workers
+    from experiments.harness.build import row_cache
+    from experiments.results import traces
+    from experiments.results.aggregate import aggregate, summary_metrics
+
+    name, strategy_name = names
+    repeats = max(1, int(cfg.experiment.repeats))
+    questions = parts.dataset.questions * repeats
     with (
         traces.writer(writing) as trace_writer,  # forked before the journal: it must not hold it
         workers.pool(cfg, config) as pool,  # started while the MLflow run and journal open
         identity.open(name, sweep_id, tags, setup) as (journal, run_id),
     ):
+        journaled.append(journal.path)
         done = journal.done()
         resumed = sum(len(rows) for rows in done.values())
         if resumed:
@@ -143,7 +199,7 @@ def run(
                 flush=True,
             )
         if trace_writer is not None and run_id is not None:
-            _resume_traces(trace_writer, identity, run_id, done, strategy.name)
+            _resume_traces(trace_writer, identity, run_id, done, strategy_name)
         reuse = row_cache(cfg, parts, config)
         try:
             rows = asyncio.run(
@@ -164,7 +220,7 @@ def run(
             summary["reused_cases"] = float(reuse.hits)
         result = RunResult(
             name,
-            strategy.name,
+            strategy_name,
             parts.dataset.name,
             rows,
             aggregates,
@@ -175,15 +231,6 @@ def run(
         if run_id is not None:
             result.run_id = run_id
             result.traces = _log(result, trace_writer, uri=identity.uri)
-    failed = failures(result.rows)
-    print(run_table(result.aggregates, result.summary, failed), flush=True)
-    if failed.all_failed:
-        print(
-            f"warning: every question failed ({failed.failed} of {failed.total}), so no metric "
-            f"has a value; most common error: {failed.most_common()}",
-            file=sys.stderr,
-            flush=True,
-        )
     return result
 
 
@@ -287,6 +334,7 @@ def main() -> None:
 def hydra_main(cfg: DictConfig) -> float | None:
     """Hydra entry point: resolve the config and run it. Exit 2 with a one-line error on bad
     input (before any question is asked); exit 1 when every question of the run failed."""
+    install_log_redaction()  # Hydra has configured logging (console, run.log): filter it
     sweep_id = None
     if HydraConfig.get().mode == RunMode.MULTIRUN:
         sweep_id = str(HydraConfig.get().sweep.dir)

@@ -51,6 +51,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from caprag.errors import CapragError
+from caprag.secrets import install_log_redaction
 from experiments.harness.data import Dataset, EvalCase
 from experiments.harness.evaluate import Evaluator
 from experiments.results.row import ROWS, QuestionRow
@@ -375,6 +376,7 @@ def serve(
     # The parent's verbosity, to stderr (an import in the fork server, wordllama's, set the root
     # logger to INFO, which would print every HTTP request).
     logging.basicConfig(level=log_level or logging.WARNING, force=True)
+    install_log_redaction()
     try:
         asyncio.run(_answer(config, inbox, outbox, started))
     except Exception as exc:

@@ -11,11 +11,14 @@ import os
 import socket
 import subprocess
 import tempfile
+import urllib.error
+import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from caprag.config import PROJECT_ROOT
+from caprag.errors import CapragError
 from caprag.secrets import redact_config, redact_records
 from caprag.telemetry import disable_telemetry
 
@@ -31,6 +34,87 @@ DEFAULT_URI = f"sqlite:///{PROJECT_ROOT / 'mlruns.db'}"
 TABLE = "questions.json"
 logging.getLogger("mlflow").setLevel(logging.WARNING)
 logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
+RETRIES = 3
+"""Retries of a failed request to an MLflow server (after 1, 2 and 4 s): `tracking.retries`."""
+TIMEOUT_S = 10
+"""The most one request to an MLflow server may take: `tracking.timeout_s`."""
+CHECK_TIMEOUT_S = 5.0
+"""The most the reachability check before the first question may take."""
+
+
+class TrackingUnavailableError(CapragError):
+    """The MLflow server cannot be reached (before the run) or stopped answering (during it)."""
+
+
+def is_remote(uri: str) -> bool:
+    """Whether the store is a tracking server reached over HTTP."""
+    return uri.startswith(("http://", "https://"))
+
+
+def bound_requests(retries: int = RETRIES, timeout_s: int = TIMEOUT_S) -> None:
+    """Bound every MLflow HTTP request of this process and the processes it starts (the trace
+    writer, workers) through MLflow's documented variables: `retries` retries with backoff 1, 2,
+    4... s, each try at most `timeout_s` (MLflow's defaults, 7 retries with backoff 2 s and 120 s
+    tries, wait minutes on a server that is gone)."""
+    if retries < 0 or timeout_s < 1:
+        raise TrackingUnavailableError(
+            f"tracking.retries={retries}, tracking.timeout_s={timeout_s}: the retries must be 0 "
+            "or more and the timeout at least 1 s"
+        )
+    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = str(retries)
+    os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"] = "1"
+    os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(timeout_s)
+
+
+def check_reachable(uri: str, timeout_s: float = CHECK_TIMEOUT_S) -> None:
+    """Fail at once (TrackingUnavailableError naming the URL) when a tracking server does not
+    answer; any HTTP answer counts as reachable. Local stores are not checked."""
+    if not is_remote(uri):
+        return
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s):
+            return
+    except urllib.error.HTTPError:
+        return  # it answered
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise TrackingUnavailableError(
+            f"MLflow tracking server {uri} is unreachable ({reason}); start it, or set "
+            "tracking.uri to a reachable server (tracking.enabled=false runs without MLflow)"
+        ) from None
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether an error from MLflow means its server could not be reached or stopped answering
+    (after MLflow's bounded retries), rather than that it refused a request."""
+    import requests
+
+    if isinstance(exc, requests.exceptions.RequestException | ConnectionError | TimeoutError):
+        return True
+    text = str(exc)
+    return isinstance(exc, mlflow.exceptions.MlflowException) and (
+        "Max retries exceeded" in text
+        or "failed with exception" in text
+        or "Connection refused" in text
+        or "timed out" in text
+    )
+
+
+def lost(uri: str, exc: BaseException, journal: Path | None, retries: int) -> str:
+    """The one line a run ends with when its tracking server stopped answering."""
+    reason = " ".join(str(exc).split())[:200]
+    where = (
+        f"the questions answered so far are journaled in {journal}"
+        if journal is not None
+        else "no question was asked"
+    )
+    return (
+        f"MLflow tracking server {uri} stopped answering ({reason}; gave up after "
+        f"{retries} retries): {where}. When the server is back, rerun the same command: the run "
+        "resumes from its journal and logs them (experiment.resume=auto)"
+    )
 
 
 def tracking_uri(configured: str | None = None) -> str:

@@ -39,7 +39,7 @@ def test_a_served_adaptive_answer_reproduces_the_harness_row(tmp_path: Path) -> 
     settings = load_settings(
         retrieval_strategy="adaptive", chroma_dir=store, decision_log="off", k=8
     )
-    with TestClient(create_app(build_pipeline(settings))) as client:
+    with TestClient(create_app(build_pipeline(settings)), base_url="http://127.0.0.1") as client:
         for row in rows:
             served = client.post("/api/ask", json={"question": row.question, "power": "auto"})
             assert served.status_code == 200, served.text

@@ -19,7 +19,7 @@ from caprag.strategies import MultiHopStrategy
 def client(fixture_index: PassageIndex) -> Iterator[TestClient]:
     llm = rule_steps()
     app = create_app(Pipeline(MultiHopStrategy(fixture_index, llm, k=2), llm))
-    with TestClient(app) as test_client:
+    with TestClient(app, base_url="http://127.0.0.1") as test_client:
         yield test_client
 
 
@@ -103,7 +103,7 @@ def test_forced_power_on_the_adaptive_strategy(fixture_index: PassageIndex) -> N
 
     llm = rule_steps()
     app = create_app(Pipeline(STRATEGIES["adaptive"](fixture_index, llm), llm))
-    with TestClient(app) as adaptive:
+    with TestClient(app, base_url="http://127.0.0.1") as adaptive:
         body = {"question": "How long does a torch burn?", "power": 2}
         data = adaptive.post("/api/ask", json=body).json()
         assert data["hops"][-1]["depth"] == 2

@@ -64,14 +64,18 @@ def log(tmp_path: Path) -> DecisionLog:
 
 @pytest.fixture
 def client(fixture_index: PassageIndex, log: DecisionLog) -> Iterator[TestClient]:
-    with TestClient(create_app(adaptive(fixture_index, log))) as test_client:
+    with TestClient(
+        create_app(adaptive(fixture_index, log)), base_url="http://127.0.0.1"
+    ) as test_client:
         yield test_client
 
 
 def test_every_request_is_logged_with_its_rounds(
     fixture_index: PassageIndex, log: DecisionLog
 ) -> None:
-    with TestClient(create_app(adaptive(fixture_index, log, unsure=True))) as client:
+    with TestClient(
+        create_app(adaptive(fixture_index, log, unsure=True)), base_url="http://127.0.0.1"
+    ) as client:
         data = client.post("/api/ask", json={"question": CROSS_REF, "power": "auto"}).json()
     record = log.get(data["request_id"])
     assert record is not None
@@ -100,7 +104,7 @@ def test_every_request_is_logged_with_its_rounds(
 def test_other_strategies_are_logged_too(fixture_index: PassageIndex, log: DecisionLog) -> None:
     steps = rule_steps()
     pipeline = Pipeline(MultiHopStrategy(fixture_index, steps, k=2), steps, decision_log=log)
-    with TestClient(create_app(pipeline)) as client:
+    with TestClient(create_app(pipeline), base_url="http://127.0.0.1") as client:
         data = client.post("/api/ask", json={"question": CROSS_REF}).json()
     record = log.get(data["request_id"])
     assert record is not None and record.strategy == "multi-hop"
@@ -199,7 +203,7 @@ def test_the_server_default_power_comes_from_the_settings(
     monkeypatch.setenv("RETRIEVAL_STRATEGY", "adaptive")
     monkeypatch.setenv("CAPRAG_DECISION_LOG", str(fixture_env / "log.db"))
     monkeypatch.setenv("CAPRAG_POWER", "auto")
-    with TestClient(create_app()) as client:
+    with TestClient(create_app(), base_url="http://127.0.0.1") as client:
         data = client.post("/api/ask", json={"question": SIMPLE}).json()
         assert [h["adaptive_decision"] for h in data["hops"]] == ["sufficient"]
         assert data["decision_log"]["power"] == "auto"
@@ -213,7 +217,7 @@ def test_the_page_shows_the_configured_ladder(
     fixture_index: PassageIndex, log: DecisionLog
 ) -> None:
     pipeline = adaptive(fixture_index, log, unsure=True, depth_chunks=(2, 4), max_depth=2)
-    with TestClient(create_app(pipeline)) as client:
+    with TestClient(create_app(pipeline), base_url="http://127.0.0.1") as client:
         page = client.get("/").text
         turn = client.post(
             "/chat", data={"question": CROSS_REF, "thread_id": str(uuid.uuid4()), "power": "auto"}
@@ -222,7 +226,7 @@ def test_the_page_shows_the_configured_ladder(
     assert '<option value="3"' not in page  # only the ladder's depths can be forced
     assert "/3" not in turn and "depth used 2/2" in turn
     assert "round 1: depth 1/2, 2 chunks" in turn and "round 2: depth 2/2, 4 chunks" in turn
-    with TestClient(create_app(pipeline)) as client:
+    with TestClient(create_app(pipeline), base_url="http://127.0.0.1") as client:
         refused = client.post("/api/ask", json={"question": SIMPLE, "power": 3})
     assert refused.status_code == 422 and "power must be auto or 1-2" in refused.json()["error"]
 
@@ -256,10 +260,12 @@ def test_the_log_survives_a_restart_of_the_app(
 ) -> None:
     path = fixture_env / "state" / "decisions.db"
     monkeypatch.setenv("CAPRAG_DECISION_LOG", str(path))
-    with TestClient(create_app()) as first:
+    with TestClient(create_app(), base_url="http://127.0.0.1") as first:
         data = first.post("/api/ask", json={"question": SIMPLE}).json()
     assert path.is_file()  # created on first use, folder included
-    with TestClient(create_app()) as second:  # a new app, its pipeline built again
+    with TestClient(
+        create_app(), base_url="http://127.0.0.1"
+    ) as second:  # a new app, its pipeline built again
         said = second.post("/api/feedback", json={"request_id": data["request_id"], "enough": True})
         assert said.status_code == 200, said.text
         later = second.post("/api/ask", json={"question": "What does Old Soldier cost?"}).json()

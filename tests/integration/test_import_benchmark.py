@@ -251,7 +251,10 @@ def test_skipped_records_are_counted_by_reason(tmp_path: Path) -> None:
     assert (summary.read, summary.written) == (4, 2)
     assert summary.skipped == {"no supporting paragraph in the context": 1, "repeated id": 1}
     lines = summary.lines(tmp_path / "out.jsonl")
-    assert "skipped: 2 (no supporting paragraph in the context: 1; repeated id: 1)" in lines
+    assert (
+        "skipped: 2 (no supporting paragraph in the context: 1, first record 1 (id "
+        f"{records[0]['_id']}); repeated id: 1, first record 4 (id {records[1]['_id']}))"
+    ) in lines
     assert "question types: bridge 1, comparison 1" in lines
 
 

@@ -128,7 +128,7 @@ def test_the_api_says_why_a_turn_has_no_answer(fixture_index: PassageIndex) -> N
     with StubServer(replies, default={"malformed": "{not json"}) as stub:
         steps = llm_for(stub, parse_attempts=1)
         app = create_app(Pipeline(MultiHopStrategy(fixture_index, steps, k=2), steps))
-        with TestClient(app) as client:
+        with TestClient(app, base_url="http://127.0.0.1") as client:
             response = client.post("/api/ask", json={"question": "What does a torch cost?"})
     assert response.status_code == 502
     assert response.json() == {

@@ -57,7 +57,7 @@ def test_no_placeholder_reaches_the_server(
     monkeypatch.setenv("RETRIEVAL_STRATEGY", strategy)
     monkeypatch.setenv("CAPRAG_EXPAND_FIRST_HOP", "true")
     app = create_app(build_pipeline(load_settings()))
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://127.0.0.1") as client:
         first = client.post("/api/ask", json={"question": FIRST})
         assert first.status_code == 200, first.text
         thread = first.json()["thread_id"]
@@ -90,7 +90,7 @@ def test_steps_mix_from_the_environment(
     monkeypatch.setenv("CAPRAG_ANALYZER", "rule")
     monkeypatch.setenv("CAPRAG_GENERATOR", "llm")
     app = create_app(build_pipeline(load_settings()))
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://127.0.0.1") as client:
         data = client.post("/api/ask", json={"question": FIRST}).json()
     assert {step_of(b) for b in stub.bodies} == {"generate"}
     models = {u["step"]: u["model"] for u in data["usage"]}

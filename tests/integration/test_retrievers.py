@@ -94,7 +94,7 @@ def test_api_answers_with_the_retriever_from_the_environment(
     monkeypatch.setenv("CAPRAG_RETRIEVER", retriever)
     monkeypatch.setenv("RETRIEVAL_STRATEGY", "single")
     monkeypatch.setenv("CAPRAG_EMBEDDING", "wordllama")
-    with TestClient(create_app()) as client:
+    with TestClient(create_app(), base_url="http://127.0.0.1") as client:
         reply = client.post("/api/ask", json={"question": "What does a Flurry let a fighter do?"})
     assert reply.status_code == 200, reply.text
     body = reply.json()

@@ -226,7 +226,7 @@ def test_a_hung_endpoint_answers_504_from_the_api_within_the_configured_bound(
     with StubServer(default={"hang": True}) as stub:
         steps = steps_from_settings(load_settings(llm="openai", openai_base_url=stub.base_url))
         app = create_app(Pipeline(STRATEGIES["single"](fixture_index, steps, k=2), steps))
-        with TestClient(app) as client:
+        with TestClient(app, base_url="http://127.0.0.1") as client:
             reply = client.post("/api/ask", json={"question": "What does Rapid Strike do?"})
     assert reply.status_code == 504
     assert "did not finish within 0.5 s" in reply.json()["error"]

@@ -150,7 +150,11 @@ def test_random_questions_never_break_a_strategy(
 
 @pytest.fixture(scope="module")
 def api(pipelines: dict[str, Pipeline]) -> Iterator[TestClient]:
-    with TestClient(create_app(pipelines["multi-hop"]), raise_server_exceptions=False) as client:
+    with TestClient(
+        create_app(pipelines["multi-hop"]),
+        raise_server_exceptions=False,
+        base_url="http://127.0.0.1",
+    ) as client:
         yield client
 
 

@@ -105,7 +105,7 @@ def test_the_api_never_echoes_the_key(
         settings = load_settings(llm="openai", openai_base_url=stub.base_url)
         steps = steps_from_settings(settings)
         app = create_app(Pipeline(STRATEGIES["single"](fixture_index, steps, k=2), steps))
-        with TestClient(app, raise_server_exceptions=False) as client:
+        with TestClient(app, raise_server_exceptions=False, base_url="http://127.0.0.1") as client:
             refused = client.post("/api/ask", json={"question": "What does Rapid Strike do?"})
             answered = client.post("/api/ask", json={"question": "What does Rapid Strike do?"})
             health = client.get("/health")
