@@ -12,7 +12,7 @@ import pandas as pd
 from experiments.results import metrics as registry
 from experiments.results import slices
 from experiments.results.row import rows_of
-from experiments.scoring.failures import failure_tags
+from experiments.scoring.failures import Corpus, failure_tags
 
 BETTER, WORSE, SAME, NOT_SCORED = "better", "worse", "same", "not scored"
 CHANGES = (WORSE, BETTER, SAME, NOT_SCORED)
@@ -33,14 +33,17 @@ def metrics_of(a: pd.DataFrame, b: pd.DataFrame) -> list[str]:
     ]
 
 
-def compare(a: pd.DataFrame, b: pd.DataFrame, metric: str) -> pd.DataFrame:
+def compare(
+    a: pd.DataFrame, b: pd.DataFrame, metric: str, corpus: Corpus | None = None
+) -> pd.DataFrame:
     """Per question answered by both runs: each side's value and failure tags, and the change
     from A to B (better, worse, same, or not scored when the metric does not apply).
 
     A failed question counts as the metric's `failed_counts_as` (0 for quality scores) where the
     metric applies to it (the other run has a value), so a question that now fails is `worse`,
     not dropped; a metric without one (costs) leaves it not scored. Which way is better is the
-    metric's direction; a metric with none is refused.
+    metric's direction; a metric with none is refused. `corpus` (where the passages a row does
+    not keep are) lets the tags name a citation not followed.
     """
     keys = [k for k in KEYS if k in a.columns and k in b.columns]
     if "question_id" not in keys:
@@ -58,7 +61,7 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, metric: str) -> pd.DataFrame:
         values = _values(frame, metric)
         side[f"value_{tag}"] = values if values is not None else float("nan")
         side[f"status_{tag}"] = frame["status"] if "status" in frame.columns else "ok"
-        side[f"tags_{tag}"] = [failure_tags(row) for row in rows_of(frame)]
+        side[f"tags_{tag}"] = [failure_tags(row, corpus=corpus) for row in rows_of(frame)]
         sides.append(side)
     merged = base.merge(sides[0], on=keys).merge(sides[1], on=keys)
     for tag, other in (("a", "b"), ("b", "a")):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from experiments.dashboard import selection
+from experiments.dashboard import selection, store
 from experiments.dashboard.data import default_comparison
 from experiments.dashboard.significance_view import render_significance
 from experiments.results import metrics as registry
@@ -52,7 +52,7 @@ metric = st.selectbox(
     "cost",
 )
 selection.share("reg_metric", "metric", metric)
-frame = reg.compare(table_a, table_b, metric)
+frame = reg.compare(table_a, table_b, metric, store.corpus())
 
 f1, f2, f3, f4 = st.columns([1, 1, 1.5, 1])  # room for "analyzer stopped early"
 choices = {

@@ -55,5 +55,6 @@ st.link_button(
     "Open this question's trace in the MLflow UI",
     store.trace_url(str(run["experiment_id"]), trace_id(str(run["run_id"]), row)),
 )
-render_scores(row)
-render_trace(row)
+corpus = store.corpus()
+render_scores(row, corpus)
+render_trace(row, corpus)
