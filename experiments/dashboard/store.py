@@ -13,6 +13,7 @@ from caprag.config import load_settings
 from caprag.errors import CapragError
 from experiments.dashboard.data import POWER_PARAM, runs_frame
 from experiments.results import tracking
+from experiments.results.labels import Label, labels_of
 from experiments.results.row import normalised
 from experiments.results.tracking import mlflow
 from experiments.scoring.failures import Corpus
@@ -90,3 +91,13 @@ def corpus() -> Corpus:
         return Corpus.of(load_books(load_settings().corpus))
     except (CapragError, OSError):
         return Corpus()
+
+
+@st.cache_data(ttl=TTL_S, max_entries=64, show_spinner=False)
+def labels(
+    store_uri: str, experiment_id: str, run_id: str, traces: tuple[tuple[str, str], ...]
+) -> dict[str, Label]:
+    """The human labels of a run's questions, by question id (`traces`: (trace id, question id)
+    pairs); cleared when a label is saved."""
+    mlflow.set_tracking_uri(store_uri)
+    return labels_of(experiment_id, run_id, dict(traces))

@@ -4,7 +4,7 @@ one metric, with each side's failure tags; filters, counts and the export as a q
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 import pandas as pd
@@ -144,12 +144,15 @@ def single_questions(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[alone]
 
 
-def as_dataset(frame: pd.DataFrame) -> list[dict[str, Any]]:
+def as_dataset(
+    frame: pd.DataFrame, labels: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
     """The rows as question-set items (`experiments.results.questions.GoldQuestion`): id, question,
     gold answer and passages, hops, books, type and set. A run's table keeps neither the
     reference text nor answer aliases, so those are left empty; a question asked in several
-    repeats is written once."""
+    repeats is written once. `labels` (question id → a human label's text) fill `label`."""
     items: dict[str, dict[str, Any]] = {}
+    labels = labels or {}
     for row in single_questions(frame).to_dict("records"):
         gold = [str(p) for p in row.get("gold_ids") or []]
         items.setdefault(
@@ -163,6 +166,11 @@ def as_dataset(frame: pd.DataFrame) -> list[dict[str, Any]]:
                 "books": list(dict.fromkeys(p.split("/")[0] for p in gold)),
                 "query_type": str(row["query_type"]),
                 "set": str(row.get("set") or ""),
+                **(
+                    {"label": labels[str(row["question_id"])]}
+                    if str(row["question_id"]) in labels
+                    else {}
+                ),
             },
         )
     return list(items.values())

@@ -98,6 +98,10 @@ def test_compare_page_shows_metrics_plots_and_diff(harness_store: Store, monkeyp
     assert not at.exception
 
 
+FROM_TRACE = ["Label this question ", "Ask again with other settings"]
+"""The Trace viewer's expanders above the trace: a human label, the question asked again."""
+
+
 def test_trace_viewer_shows_hops_answer_and_gold(harness_store: Store, monkeypatch) -> None:
     hop_run = harness_store.runs["multi-hop"]
     at = open_page(PAGES[2], harness_store.uri, monkeypatch, selected_runs=[hop_run])
@@ -126,7 +130,8 @@ def test_trace_viewer_shows_hops_answer_and_gold(harness_store: Store, monkeypat
     assert set(gold["passage"]) == {"fighting/flurry", "gifts/old-soldier"}
     link = at.get("link_button")[0]
     assert link.proto.url.endswith(f"/runs/{hop_run}") and "#/experiments/" in link.proto.url
-    assert [e.label.split("(")[0] for e in at.expander] == ["LLM calls "]  # none to open
+    opened = [e.label.split("(")[0] for e in at.expander]
+    assert opened == [*FROM_TRACE, "LLM calls "]  # no call to open
     assert "rule: no call sent" in texts(at) and "by gpt" not in texts(at)  # offline: all rule
     at = select_question(at, "t-fu-1-2")  # a follow-up: its rewrite is shown
     assert "Rewritten as:" in texts(at)
@@ -176,7 +181,7 @@ def test_trace_viewer_shows_the_llm_calls_on_demand(calls_store: Store, monkeypa
     at = open_page(PAGES[2], calls_store.uri, monkeypatch, selected_runs=[run_id])
     at = select_question(at, "t-cb-1")
     assert not at.exception
-    outer = at.expander[0]
+    outer = at.expander[len(FROM_TRACE)]
     assert outer.label == "LLM calls (2)" and not outer.proto.expanded  # collapsed
     shown = texts(at)
     assert "**Steps:** analyze by gpt-4o-mini · generate by rule" in shown
@@ -184,7 +189,7 @@ def test_trace_viewer_shows_the_llm_calls_on_demand(calls_store: Store, monkeypa
     assert lines[0].startswith("1. **analyze** · model `gpt-4o-mini` · 412 + 37 tokens")
     assert "2 attempts" in lines[0] and "dropped 1 query longer than 300 characters" in lines[0]
     assert lines[1].startswith("2. **generate** · rule: no call sent")
-    inner = at.expander[1]
+    inner = at.expander[len(FROM_TRACE) + 1]
     assert inner.label == "1. analyze · gpt-4o-mini: messages and reply"
     assert [c.value for c in inner.code] == [
         SYSTEM_PROMPT,
@@ -192,7 +197,7 @@ def test_trace_viewer_shows_the_llm_calls_on_demand(calls_store: Store, monkeypa
         REPLY,
     ]  # verbatim: newlines, *, $ and backticks untouched
     assert [m.value for m in inner.markdown] == ["**system**", "**user**", "**reply**"]
-    assert len(at.expander) == 2  # the rule call has nothing to open
+    assert len(at.expander) == len(FROM_TRACE) + 2  # the rule call has nothing to open
     assert at.subheader[0].value == "Hop 1" and "Flurry" in set(at.table[0].value["section"])
 
 

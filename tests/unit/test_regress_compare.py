@@ -138,3 +138,13 @@ def test_a_benchmark_set_filters_by_its_benchmark_type_like_the_compare_page() -
         "h2": "comparison",
     }
     assert list(reg.filtered(frame, types=["bridge"])["question_id"]) == ["h1"]
+
+
+def test_the_export_carries_human_labels_and_loads_as_a_question_set(tmp_path: Path) -> None:
+    frame = reg.compare(A, B, "recall_at_k")
+    items = reg.as_dataset(frame, {"q1": "gold not retrieved: hop 2 stopped"})
+    path = tmp_path / "labelled.jsonl"
+    path.write_text(reg.to_jsonl(items), encoding="utf-8")
+    loaded = {q.id: q.label for q in load_questions(path)}
+    assert loaded["q1"] == "gold not retrieved: hop 2 stopped"
+    assert loaded["q2"] == ""  # nobody labelled it: the field stays empty
