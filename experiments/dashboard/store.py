@@ -8,10 +8,15 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
+from caprag.books import load_books
+from caprag.config import load_settings
+from caprag.errors import CapragError
 from experiments.dashboard.data import POWER_PARAM, runs_frame
 from experiments.results import tracking
+from experiments.results.labels import Label, labels_of
 from experiments.results.row import normalised
 from experiments.results.tracking import mlflow
+from experiments.scoring.failures import Corpus
 
 TTL_S = 60
 MLFLOW_UI = "http://127.0.0.1:5000"
@@ -75,3 +80,24 @@ def questions(store_uri: str, experiment_id: str, run_id: str) -> pd.DataFrame |
     except mlflow.exceptions.MlflowException:
         return None
     return normalised(table)
+
+
+@st.cache_resource(show_spinner="Reading the books…")
+def corpus() -> Corpus:
+    """The books the dashboard's settings name (CAPRAG_CORPUS, default the bundled ones): where a
+    gold passage no hop returned is (book, page, section, text), and which citations point at
+    it. Empty when the folder is not a books folder (a benchmark's passages are not books)."""
+    try:
+        return Corpus.of(load_books(load_settings().corpus))
+    except (CapragError, OSError):
+        return Corpus()
+
+
+@st.cache_data(ttl=TTL_S, max_entries=64, show_spinner=False)
+def labels(
+    store_uri: str, experiment_id: str, run_id: str, traces: tuple[tuple[str, str], ...]
+) -> dict[str, Label]:
+    """The human labels of a run's questions, by question id (`traces`: (trace id, question id)
+    pairs); cleared when a label is saved."""
+    mlflow.set_tracking_uri(store_uri)
+    return labels_of(experiment_id, run_id, dict(traces))

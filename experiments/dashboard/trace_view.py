@@ -14,9 +14,9 @@ from caprag.services import AskResult
 from caprag.trace import HopTrace
 from experiments.dashboard.data import call_line, hop_documents, is_rule, steps_ran
 from experiments.results import metrics as registry
-from experiments.results.row import QuestionRow
+from experiments.results.row import PassageInfo, QuestionRow
 from experiments.results.traces import case_key, trace_id_of
-from experiments.scoring.failures import failure_tags
+from experiments.scoring.failures import Corpus, failed, failure_tags
 
 
 def trace_id(run_id: str, row: QuestionRow) -> str:
@@ -24,9 +24,10 @@ def trace_id(run_id: str, row: QuestionRow) -> str:
     return trace_id_of(run_id, case_key(row.repeat, row.question_id))
 
 
-def render_scores(row: QuestionRow) -> None:
+def render_scores(row: QuestionRow, corpus: Corpus | None = None) -> None:
     """A logged question's scores and failure tags, above its trace: how it did, and what the
-    trace says went wrong (`experiments.scoring.failures`)."""
+    trace says went wrong (`experiments.scoring.failures`; `corpus`: where the passages it did
+    not retrieve are, for a citation not followed)."""
     scores = []
     for metric in registry.per_question():
         if not (metric.headline or metric.group == "answer"):
@@ -36,11 +37,13 @@ def render_scores(row: QuestionRow) -> None:
             continue
         scores.append(f"{metric.heading} **{metric.display(float(value))}**")
     st.markdown("**Scores:** " + (" · ".join(scores) or "none recorded"))
-    tags = failure_tags(row)
+    tags = failure_tags(row, corpus=corpus)
     if tags:
         st.warning("**Failure tags:** " + ", ".join(tags))
-    else:
-        st.caption("Failure tags: none")
+    else:  # every failed question has a tag (`failures.failed`): this one did not fail
+        st.caption(
+            "Failure tags: none" + (" (the question did not fail)" if not failed(row) else "")
+        )
 
 
 def row_of_answer(result: AskResult, sections: Mapping[str, str]) -> QuestionRow:
@@ -59,8 +62,9 @@ def row_of_answer(result: AskResult, sections: Mapping[str, str]) -> QuestionRow
     return row
 
 
-def render_trace(row: QuestionRow) -> None:
-    """Question, each hop, then the answer with its sources beside the gold answer."""
+def render_trace(row: QuestionRow, corpus: Corpus | None = None) -> None:
+    """Question, each hop, then the answer with its sources beside the gold answer; a gold
+    passage no hop returned is shown from `corpus` (book, page, section, text)."""
     st.markdown(f"**Question:** {row.question}")
     if row.main_question and row.main_question.strip() != row.question.strip():
         st.markdown(f"**Rewritten as:** {row.main_question}")
@@ -86,7 +90,14 @@ def render_trace(row: QuestionRow) -> None:
         st.write(row.gold_answer or "— (no gold answer for this question)")
         st.markdown("**Gold passages**")
         if row.gold_ids:
-            st.table(_passages(row.gold_ids, row.context_ids, row, "in context"))
+            gold_table = _passages(row.gold_ids, row.context_ids, row, "in context", corpus)
+            retrieved = set(row.retrieved_ids()) | set(row.context_ids)
+            gold_table["retrieved"] = ["✓" if g in retrieved else "✗ never" for g in row.gold_ids]
+            st.table(gold_table)
+            missing = [g for g in row.gold_ids if g not in retrieved]
+            if missing:
+                st.markdown(f"**Gold passages never retrieved ({len(missing)})**")
+                _render_texts(missing, row, corpus, opened=True)
         else:
             st.write("— (none)")
 
@@ -130,21 +141,41 @@ def _render_exchange(call: CallUsage) -> None:
         st.code(call.reply, language=None, wrap_lines=True)
 
 
-def _render_texts(ids: list[str], row: QuestionRow) -> None:
-    """Each passage's text, collapsed: one HTML <details> per passage, titled id · section (not
-    an expander each: a hop can return dozens of passages)."""
+def _info(pid: str, row: QuestionRow, corpus: Corpus | None) -> PassageInfo | None:
+    """What the row keeps of a passage, else what the corpus says (a passage no hop returned),
+    else None."""
+    if pid in row.passages:
+        return row.passages[pid]
+    if corpus is not None and pid in corpus.passages:
+        return corpus.passages[pid]
+    return None
+
+
+def _render_texts(
+    ids: list[str], row: QuestionRow, corpus: Corpus | None = None, opened: bool = False
+) -> None:
+    """Each passage's text, collapsed (`opened`: open): one HTML <details> per passage, titled
+    id · book p. page · section (not an expander each: a hop can return dozens of passages)."""
     if not ids:
         return
     blocks = []
     for pid in ids:
-        passage = row.passage(pid)
-        title = html.escape(pid + (f" · {passage.section}" if passage.section else ""))
-        body = (
-            f"<div>{_verbatim(passage.text)}</div>"
-            if passage.text
-            else "<em>Its text was not kept (a run logged before passage texts).</em>"
+        passage = _info(pid, row, corpus)
+        where = (
+            f" · {passage.book_id} p. {passage.page}"
+            + (f" · {passage.section}" if passage.section else "")
+            if passage is not None
+            else ""
         )
-        blocks.append(f'<details class="passage"><summary>{title}</summary>{body}</details>')
+        title = html.escape(pid + where)
+        if passage is None:
+            body = "<em>Not in this run's rows nor in the books the dashboard reads.</em>"
+        elif passage.text:
+            body = f"<div>{_verbatim(passage.text)}</div>"
+        else:
+            body = "<em>Its text was not kept (a run logged before passage texts).</em>"
+        state = " open" if opened else ""
+        blocks.append(f'<details class="passage"{state}><summary>{title}</summary>{body}</details>')
     st.markdown(
         "**Passage texts** (click one to open)\n\n" + "".join(blocks), unsafe_allow_html=True
     )
@@ -193,17 +224,24 @@ def _render_hop(hop: HopTrace, row: QuestionRow) -> None:
 
 
 def _passages(
-    ids: list[str], other: list[str], row: QuestionRow, mark: str = "gold"
+    ids: list[str],
+    other: list[str],
+    row: QuestionRow,
+    mark: str = "gold",
+    corpus: Corpus | None = None,
 ) -> pd.DataFrame:
-    """Passage ids as a table; `mark` ticks those also in `other`."""
-    rows = [
-        {
-            "passage": pid,
-            "book": pid.split("/", 1)[0],
-            "page": row.passages[pid].page if pid in row.passages else "",
-            "section": row.passage(pid).section,
-            mark: "✓" if pid in other else "",
-        }
-        for pid in ids
-    ]
+    """Passage ids as a table; `mark` ticks those also in `other` (where a passage is: the row's,
+    else the corpus's)."""
+    rows = []
+    for pid in ids:
+        info = _info(pid, row, corpus)
+        rows.append(
+            {
+                "passage": pid,
+                "book": info.book_id if info is not None else pid.split("/", 1)[0],
+                "page": info.page if info is not None else "",
+                "section": info.section if info is not None else "",
+                mark: "✓" if pid in other else "",
+            }
+        )
     return pd.DataFrame(rows, columns=["passage", "book", "page", "section", mark])

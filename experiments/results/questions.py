@@ -41,6 +41,9 @@ class GoldQuestion(BaseModel):
     query_type: QueryType
     standalone: str | None = None
     set: str = ""
+    label: str = ""
+    """Why a person said a run failed this question (a failure tag or their words), kept when
+    the question is exported from the dashboard; empty in the curated sets."""
 
     @model_validator(mode="after")
     def _consistent(self) -> GoldQuestion:

@@ -1,7 +1,16 @@
 """Failure tags: why a question went wrong, read from its row (hops, calls, status).
 
-Each tag is a rule over what the harness logs for every question, never over a corpus's content:
+Each tag is a rule over what the harness logs for every question (and, for a citation, where the
+corpus puts the passage cited). A question failed (`failed`) when it did not run to the end, a gold
+passage did not reach generation, or its answer missed (a token F1 below `ANSWER_F1`, a refusal of
+an answerable question, an answer to an unanswerable one); every failed question carries at least
+one tag, so none reads "none":
 
+- `gold not retrieved`: some gold passage was returned by no hop.
+- `cited but not followed`: a gold passage no hop returned is cited by a passage a hop did return
+  ("(Combat, p. 110)": the citation's book and page are the gold passage's). It needs the corpus
+  (`Corpus`): a row keeps only the passages its hops returned.
+- `gold cut at k`: a hop returned a gold passage but it was not among the k handed to generation.
 - `analyzer stopped early`: a hop's sufficiency decision (the multi-hop analyzer's `sufficient`,
   or adaptive's `sufficient` decision) ended retrieval while some gold passage was still not among
   the passages retrieved so far.
@@ -16,38 +25,135 @@ Each tag is a rule over what the harness logs for every question, never over a c
   limit, or adaptive's timeout budget.
 - `parse failure`: an LLM reply could not be parsed (a call recorded `unparseable reply`, or the
   question failed on a structured-output error).
+- `answer missed`: every gold passage reached generation (or the question needs none), yet the
+  answer missed: token F1 below `ANSWER_F1`, a refusal of an answerable question, or an answer to
+  an unanswerable one.
 - `error`: the question failed (status other than ok).
 """
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
+from caprag.books import Book, iter_citations
 from caprag.services import stop_reason
 from caprag.text import terms
 from caprag.trace import HopTrace
-from experiments.results.row import QuestionRow
+from experiments.results.row import PassageInfo, QuestionRow
 
+GOLD_NOT_RETRIEVED = "gold not retrieved"
+CITED_NOT_FOLLOWED = "cited but not followed"
+GOLD_CUT = "gold cut at k"
+ANSWER_MISSED = "answer missed"
 STOPPED_EARLY = "analyzer stopped early"
 QUERY_DRIFT = "query drift"
 BUDGET_STOP = "budget stop"
 TIMEOUT = "timeout"
 PARSE_FAILURE = "parse failure"
 ERROR = "error"
-TAGS = (STOPPED_EARLY, QUERY_DRIFT, BUDGET_STOP, TIMEOUT, PARSE_FAILURE, ERROR)
+TAGS = (
+    *(GOLD_NOT_RETRIEVED, CITED_NOT_FOLLOWED, GOLD_CUT, STOPPED_EARLY, QUERY_DRIFT, BUDGET_STOP),
+    *(TIMEOUT, PARSE_FAILURE, ANSWER_MISSED, ERROR),
+)
 DRIFT_THRESHOLD = 0.25
+ANSWER_F1 = 0.5
+"""Token F1 below which an answer missed (SQuAD's F1: half the words of the gold answer)."""
 BUDGET = "budget_exhausted:"
 UNPARSEABLE = "unparseable reply"
 TIMED_OUT = re.compile(r"timed out|timeout", re.IGNORECASE)
 PARSE_ERRORS = ("StepFailedError", "StructuredOutputError")
 
 
-def failure_tags(row: QuestionRow, drift_threshold: float = DRIFT_THRESHOLD) -> list[str]:
-    """The tags of one question's row, in the order of `TAGS`."""
+@dataclass(frozen=True)
+class Corpus:
+    """Where the corpus puts each passage (what a row does not keep of a passage no hop returned)
+    and the names a citation may give a book (its short name, id or title, lower-cased)."""
+
+    passages: Mapping[str, PassageInfo] = field(default_factory=dict)
+    books: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, books: Iterable[Book]) -> Corpus:
+        """The corpus of parsed books (`caprag.books.load_books`)."""
+        passages: dict[str, PassageInfo] = {}
+        names: dict[str, str] = {}
+        for book in books:
+            meta = book.meta
+            for name in (meta.short, meta.book_id, meta.title):
+                names[name.lower()] = meta.book_id
+            for p in book.passages:
+                passages[p.passage_id] = PassageInfo(
+                    book_id=meta.book_id, page=p.page, section=p.section, text=p.text
+                )
+        return cls(passages, names)
+
+    def cited(self, text: str) -> set[tuple[str, int]]:
+        """The (book id, page) of each citation in a text whose book the corpus knows."""
+        found = set()
+        for short, page, _ in iter_citations(text):
+            book = self.books.get(short.lower())
+            if book is not None:
+                found.add((book, page))
+        return found
+
+
+def failed(row: QuestionRow) -> bool:
+    """Whether the question went wrong: it did not run to the end, a gold passage did not reach
+    generation, or the answer missed (see `answer_missed`)."""
+    return (
+        row.status != "ok"
+        or not set(row.gold_ids) <= set(row.context_ids)
+        or answer_missed(row.values)
+    )
+
+
+def answer_missed(values: Mapping[str, float]) -> bool:
+    """Token F1 below ANSWER_F1 (an answerable question), a false refusal, or no refusal of an
+    unanswerable question (`correct_refusal` 0)."""
+
+    def known(name: str) -> float | None:
+        value = values.get(name)
+        return None if value is None or math.isnan(value) else value
+
+    f1, refused, declined = known("f1"), known("false_refusal"), known("correct_refusal")
+    return (
+        (declined is not None and declined < 1.0)
+        or (refused is not None and refused > 0.0)
+        or (declined is None and f1 is not None and f1 < ANSWER_F1)
+    )
+
+
+def cited_not_followed(row: QuestionRow, corpus: Corpus) -> list[str]:
+    """The gold passages no hop returned that a returned passage cites (by book and page)."""
+    retrieved = row.retrieved_ids()
+    cited: set[tuple[str, int]] = set()
+    for pid in retrieved:
+        cited |= corpus.cited(row.passage(pid).text or corpus.passages.get(pid, PassageInfo()).text)
+    missing = [g for g in row.gold_ids if g not in retrieved]
+    return [
+        g
+        for g in missing
+        if g in corpus.passages and (corpus.passages[g].book_id, corpus.passages[g].page) in cited
+    ]
+
+
+def failure_tags(
+    row: QuestionRow, drift_threshold: float = DRIFT_THRESHOLD, corpus: Corpus | None = None
+) -> list[str]:
+    """The tags of one question's row, in the order of `TAGS` (`corpus`: where the passages it
+    did not retrieve are, for `cited but not followed`)."""
     calls = row.calls or []
     reason = stop_reason(row.hops)
+    retrieved = {*row.retrieved_ids(), *row.context_ids}  # an old row may keep no hops
+    gold = set(row.gold_ids)
+    context = set(row.context_ids)
     found = {
+        GOLD_NOT_RETRIEVED: not gold <= retrieved,
+        CITED_NOT_FOLLOWED: corpus is not None and bool(cited_not_followed(row, corpus)),
+        GOLD_CUT: bool((gold & retrieved) - context),
         STOPPED_EARLY: stopped_early(row.hops, row.gold_ids),
         QUERY_DRIFT: drift(row) < drift_threshold,
         BUDGET_STOP: reason is not None
@@ -59,6 +165,7 @@ def failure_tags(row: QuestionRow, drift_threshold: float = DRIFT_THRESHOLD) -> 
         or any(TIMED_OUT.search(c.error or "") for c in calls),
         PARSE_FAILURE: any((c.error or "").startswith(UNPARSEABLE) for c in calls)
         or row.error.startswith(PARSE_ERRORS),
+        ANSWER_MISSED: row.status == "ok" and gold <= context and answer_missed(row.values),
         ERROR: row.status != "ok",
     }
     return [tag for tag in TAGS if found[tag]]

@@ -4,7 +4,7 @@ one metric, with each side's failure tags; filters, counts and the export as a q
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 import pandas as pd
@@ -12,7 +12,7 @@ import pandas as pd
 from experiments.results import metrics as registry
 from experiments.results import slices
 from experiments.results.row import rows_of
-from experiments.scoring.failures import failure_tags
+from experiments.scoring.failures import Corpus, failure_tags
 
 BETTER, WORSE, SAME, NOT_SCORED = "better", "worse", "same", "not scored"
 CHANGES = (WORSE, BETTER, SAME, NOT_SCORED)
@@ -33,14 +33,17 @@ def metrics_of(a: pd.DataFrame, b: pd.DataFrame) -> list[str]:
     ]
 
 
-def compare(a: pd.DataFrame, b: pd.DataFrame, metric: str) -> pd.DataFrame:
+def compare(
+    a: pd.DataFrame, b: pd.DataFrame, metric: str, corpus: Corpus | None = None
+) -> pd.DataFrame:
     """Per question answered by both runs: each side's value and failure tags, and the change
     from A to B (better, worse, same, or not scored when the metric does not apply).
 
     A failed question counts as the metric's `failed_counts_as` (0 for quality scores) where the
     metric applies to it (the other run has a value), so a question that now fails is `worse`,
     not dropped; a metric without one (costs) leaves it not scored. Which way is better is the
-    metric's direction; a metric with none is refused.
+    metric's direction; a metric with none is refused. `corpus` (where the passages a row does
+    not keep are) lets the tags name a citation not followed.
     """
     keys = [k for k in KEYS if k in a.columns and k in b.columns]
     if "question_id" not in keys:
@@ -58,7 +61,7 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, metric: str) -> pd.DataFrame:
         values = _values(frame, metric)
         side[f"value_{tag}"] = values if values is not None else float("nan")
         side[f"status_{tag}"] = frame["status"] if "status" in frame.columns else "ok"
-        side[f"tags_{tag}"] = [failure_tags(row) for row in rows_of(frame)]
+        side[f"tags_{tag}"] = [failure_tags(row, corpus=corpus) for row in rows_of(frame)]
         sides.append(side)
     merged = base.merge(sides[0], on=keys).merge(sides[1], on=keys)
     for tag, other in (("a", "b"), ("b", "a")):
@@ -141,12 +144,15 @@ def single_questions(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[alone]
 
 
-def as_dataset(frame: pd.DataFrame) -> list[dict[str, Any]]:
+def as_dataset(
+    frame: pd.DataFrame, labels: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
     """The rows as question-set items (`experiments.results.questions.GoldQuestion`): id, question,
     gold answer and passages, hops, books, type and set. A run's table keeps neither the
     reference text nor answer aliases, so those are left empty; a question asked in several
-    repeats is written once."""
+    repeats is written once. `labels` (question id → a human label's text) fill `label`."""
     items: dict[str, dict[str, Any]] = {}
+    labels = labels or {}
     for row in single_questions(frame).to_dict("records"):
         gold = [str(p) for p in row.get("gold_ids") or []]
         items.setdefault(
@@ -160,6 +166,11 @@ def as_dataset(frame: pd.DataFrame) -> list[dict[str, Any]]:
                 "books": list(dict.fromkeys(p.split("/")[0] for p in gold)),
                 "query_type": str(row["query_type"]),
                 "set": str(row.get("set") or ""),
+                **(
+                    {"label": labels[str(row["question_id"])]}
+                    if str(row["question_id"]) in labels
+                    else {}
+                ),
             },
         )
     return list(items.values())

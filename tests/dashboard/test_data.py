@@ -175,3 +175,29 @@ def test_metric_table_shows_cost_in_dollars_per_thousand_questions() -> None:
     table = data.metric_table(runs)
     assert table.loc["cost (USD per 1,000 questions)"].tolist() == ["$0.267"]
     assert list(table.index) == ["gold-passage recall@k", "cost (USD per 1,000 questions)"]
+
+
+def test_worst_questions_are_the_failed_ones_lowest_recall_first() -> None:
+    from experiments.results.row import table_of
+
+    def asked(qid: str, recall: float, f1: float, **fields: object) -> QuestionRow:
+        return QuestionRow(
+            case_id=qid, question_id=qid, set="cross_book", query_type="factual", turn=1,
+            question=f"{qid}?", gold_answer="x", gold_ids=["a/x"],
+            context_ids=["a/x"] if recall == 1.0 else [],
+            values={"recall_at_k": recall, "f1": f1}, **fields,  # type: ignore[arg-type]
+        )  # fmt: skip
+
+    table = table_of(
+        [
+            asked("fine", 1.0, 0.9),  # did not fail: not listed
+            asked("missed", 1.0, 0.1),
+            asked("lost", 0.0, 0.6),
+            asked("crashed", 1.0, 1.0, status="failed", error="boom"),
+            asked("lost-too", 0.0, 0.2),
+        ]
+    )
+    worst = data.worst_questions(table, n=3)
+    assert list(worst["question_id"]) == ["crashed", "lost-too", "lost"]
+    assert worst.loc[0, "tags"] == ["error"] and worst.loc[1, "tags"] == ["gold not retrieved"]
+    assert list(data.worst_questions(table)["question_id"])[-1] == "missed"

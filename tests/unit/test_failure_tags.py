@@ -11,17 +11,24 @@ from caprag.steps.analyze import SufficiencyDecision
 from caprag.trace import HopTrace
 from experiments.results.row import PassageInfo, QuestionRow, rows_of, table_of
 from experiments.scoring.failures import (
+    ANSWER_MISSED,
     BUDGET_STOP,
+    CITED_NOT_FOLLOWED,
     ERROR,
+    GOLD_CUT,
+    GOLD_NOT_RETRIEVED,
     PARSE_FAILURE,
     QUERY_DRIFT,
     STOPPED_EARLY,
     TIMEOUT,
+    Corpus,
     drift,
+    failed,
     failure_tags,
     overlap,
 )
 
+K = 4
 QUESTION = "How many swings does the multi attack maneuver make with a veteran trainer?"
 
 
@@ -45,6 +52,9 @@ def row(hops: list[HopTrace], **fields: Any) -> QuestionRow:
         "question": QUESTION, "gold_answer": "3", "gold_ids": ["a/x", "b/y"], "hops": hops,
     }  # fmt: skip
     base.update(fields)
+    if "context_ids" not in fields:  # handed to generation: what the hops found, up to k
+        found = dict.fromkeys(d.passage_id for h in hops for d in h.documents)
+        base["context_ids"] = list(found)[:K]
     return QuestionRow(**base)
 
 
@@ -58,7 +68,7 @@ def test_a_clean_multi_hop_row_has_no_tag() -> None:
 
 def test_analyzer_stopped_early_when_it_said_sufficient_with_gold_missing() -> None:
     trace = [hop(1, [QUESTION], ["a/x", "c/z"], decision=analyzed(True))]
-    assert failure_tags(row(trace)) == [STOPPED_EARLY]
+    assert failure_tags(row(trace)) == [GOLD_NOT_RETRIEVED, STOPPED_EARLY]
     # the same decision with every gold passage retrieved is right to stop
     assert failure_tags(row(trace, gold_ids=["a/x"])) == []
     # a question without gold passages (unanswerable) cannot be stopped early
@@ -88,7 +98,8 @@ def test_query_drift_when_a_query_shares_little_with_the_question() -> None:
     passages = {"a/x": PassageInfo(book_id="a", page=1, text=text)}
     assert failure_tags(row([found, hop(2, [wandering], ["b/y"])], passages=passages)) == []
     # ... but the same query in the first hop, before any passage was read, does
-    assert failure_tags(row([hop(1, [QUESTION, wandering], ["a/x"])])) == [QUERY_DRIFT]
+    drifted = row([hop(1, [QUESTION, wandering], ["a/x"])])
+    assert failure_tags(drifted) == [GOLD_NOT_RETRIEVED, QUERY_DRIFT]
     follow = row(
         [hop(1, ["level 3 Arcane Aptitude cost"], ["a/x", "b/y"])],
         question="And at level 3?",
@@ -115,9 +126,9 @@ def test_budget_stop_from_the_stop_reason(last: dict[str, Any], expected: list[s
 
 def test_timeout_and_error_for_a_question_that_ran_out_of_time() -> None:
     failed = row([], status="failed", error="timed out after 120s")
-    assert failure_tags(failed) == [TIMEOUT, ERROR]
+    assert failure_tags(failed) == [GOLD_NOT_RETRIEVED, TIMEOUT, ERROR]
     call = CallUsage(step="generate", model="m", error="LLMTimeoutError: no reply within 30s")
-    assert failure_tags(row([], calls=[call])) == [TIMEOUT]
+    assert failure_tags(row([], calls=[call], gold_ids=[])) == [TIMEOUT]
 
 
 def test_parse_failure_from_a_call_that_never_parsed() -> None:
@@ -126,10 +137,64 @@ def test_parse_failure_from_a_call_that_never_parsed() -> None:
     retried = CallUsage(step="analyze", model="m", attempts=2)  # parsed at last
     assert failure_tags(row([hop(1, [QUESTION], ["a/x", "b/y"])], calls=[retried])) == []
     failed = row([], status="failed", error="StepFailedError: SufficiencyDecision never parsed")
-    assert failure_tags(failed) == [PARSE_FAILURE, ERROR]
+    assert failure_tags(failed) == [GOLD_NOT_RETRIEVED, PARSE_FAILURE, ERROR]
 
 
 def test_rows_read_back_from_a_table_keep_their_tags() -> None:
     hops = [hop(1, [QUESTION], ["a/x"], decision=analyzed(True))]
     logged = rows_of(table_of([row(hops), row([], status="failed", error="timed out after 9s")]))
-    assert [failure_tags(r) for r in logged] == [[STOPPED_EARLY], [TIMEOUT, ERROR]]
+    assert [failure_tags(r) for r in logged] == [
+        [GOLD_NOT_RETRIEVED, STOPPED_EARLY],
+        [GOLD_NOT_RETRIEVED, TIMEOUT, ERROR],
+    ]
+
+
+def test_a_gold_passage_cited_by_a_retrieved_one_but_never_retrieved() -> None:
+    """The referenced passage is named in one the hops read ("(Combat, p. 110)") but no hop
+    searched for it: `cited but not followed`, beside `gold not retrieved`."""
+    corpus = Corpus(
+        passages={
+            "b/y": PassageInfo(book_id="b", page=110, section="Morale Check", text="Roll 2d10."),
+            "b/other": PassageInfo(book_id="b", page=111, section="Rally", text="..."),
+        },
+        books={"combat": "b", "b": "b"},
+    )
+    citing = {"a/x": PassageInfo(book_id="a", page=1, text="+2 to Morale (Combat, p. 110).")}
+    stopped = row([hop(1, [QUESTION], ["a/x"])], passages=citing)
+    assert failure_tags(stopped, corpus=corpus) == [GOLD_NOT_RETRIEVED, CITED_NOT_FOLLOWED]
+    # without the corpus the page of the missing passage is not known: only the first tag
+    assert failure_tags(stopped) == [GOLD_NOT_RETRIEVED]
+    # a citation of another page is not the gold passage's
+    elsewhere = {"a/x": PassageInfo(book_id="a", page=1, text="See Combat, p. 111.")}
+    other = row([hop(1, [QUESTION], ["a/x"])], passages=elsewhere)
+    assert failure_tags(other, corpus=corpus) == [GOLD_NOT_RETRIEVED]
+
+
+def test_gold_cut_at_k_and_answer_missed() -> None:
+    both = [hop(1, [QUESTION], ["a/x", "b/y"])]
+    assert failure_tags(row(both, context_ids=["a/x"])) == [GOLD_CUT]
+    wrong = row(both, values={"f1": 0.2})
+    assert failure_tags(wrong) == [ANSWER_MISSED]
+    assert failure_tags(row(both, values={"f1": 0.8})) == []
+    refused = row(both, values={"f1": 0.0, "false_refusal": 1.0})
+    assert failure_tags(refused) == [ANSWER_MISSED]
+    unanswerable = {"gold_ids": [], "gold_answer": ""}
+    answered = row(both, values={"correct_refusal": 0.0, "f1": 0.0}, **unanswerable)
+    assert failure_tags(answered) == [ANSWER_MISSED]
+    declined = row(both, values={"correct_refusal": 1.0, "f1": 0.0}, **unanswerable)
+    assert not failed(declined) and failure_tags(declined) == []
+
+
+@pytest.mark.parametrize("status", ["ok", "failed", "timeout"])
+@pytest.mark.parametrize("found", [[], ["a/x"], ["a/x", "b/y"], ["c/z"]])
+@pytest.mark.parametrize("handed", [0, 1, 2])
+@pytest.mark.parametrize("f1", [None, 0.0, 0.4, 1.0])
+def test_a_failed_question_always_has_a_tag(
+    status: str, found: list[str], handed: int, f1: float | None
+) -> None:
+    """Every way a question can fail leaves a tag: none of them reads "none"."""
+    values = {} if f1 is None else {"f1": f1}
+    checked = row(
+        [hop(1, [QUESTION], found)], status=status, context_ids=found[:handed], values=values
+    )
+    assert not failed(checked) or failure_tags(checked), checked

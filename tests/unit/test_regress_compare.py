@@ -12,7 +12,7 @@ from experiments.harness.data import load_dataset
 from experiments.results.questions import load_questions
 from experiments.results.row import QuestionRow
 from experiments.scoring import regressions as reg
-from experiments.scoring.failures import ERROR, STOPPED_EARLY
+from experiments.scoring.failures import ERROR, GOLD_NOT_RETRIEVED, STOPPED_EARLY
 
 
 def question(qid: str, values: dict[str, float], **fields: Any) -> dict[str, Any]:
@@ -22,6 +22,9 @@ def question(qid: str, values: dict[str, float], **fields: Any) -> dict[str, Any
         "gold_ids": ["talents/a", "combat/b"], "values": values,
     }  # fmt: skip
     base.update(fields)
+    if "context_ids" not in fields:  # what recall@k says reached generation
+        gold = base["gold_ids"]
+        base["context_ids"] = gold if values.get("recall_at_k") == 1.0 else gold[:1]
     return QuestionRow(**base).record()
 
 
@@ -73,8 +76,9 @@ def test_changes_per_question_on_the_chosen_metric() -> None:
     assert changes(reg.compare(A, B, "f1"))["q3"] == "better"
     # both tables say what failed and why it might have: B's q1 stopped with a gold passage missing
     tags = recall.set_index("question_id")
-    assert tags.loc["q1", "tags_b"] == [STOPPED_EARLY] and tags.loc["q1", "tags_a"] == []
-    assert tags.loc["q4", "tags_b"] == [ERROR]
+    assert tags.loc["q1", "tags_b"] == [GOLD_NOT_RETRIEVED, STOPPED_EARLY]
+    assert tags.loc["q1", "tags_a"] == []
+    assert tags.loc["q4", "tags_b"] == [GOLD_NOT_RETRIEVED, ERROR]
 
 
 def test_lower_is_better_metrics_and_a_failed_question_without_a_worst_value() -> None:
@@ -134,3 +138,13 @@ def test_a_benchmark_set_filters_by_its_benchmark_type_like_the_compare_page() -
         "h2": "comparison",
     }
     assert list(reg.filtered(frame, types=["bridge"])["question_id"]) == ["h1"]
+
+
+def test_the_export_carries_human_labels_and_loads_as_a_question_set(tmp_path: Path) -> None:
+    frame = reg.compare(A, B, "recall_at_k")
+    items = reg.as_dataset(frame, {"q1": "gold not retrieved: hop 2 stopped"})
+    path = tmp_path / "labelled.jsonl"
+    path.write_text(reg.to_jsonl(items), encoding="utf-8")
+    loaded = {q.id: q.label for q in load_questions(path)}
+    assert loaded["q1"] == "gold not retrieved: hop 2 stopped"
+    assert loaded["q2"] == ""  # nobody labelled it: the field stays empty

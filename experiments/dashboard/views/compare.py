@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import html
+
 import pandas as pd
 import streamlit as st
 
-from experiments.dashboard import charts, selection
+from experiments.dashboard import charts, selection, store
 from experiments.dashboard.data import (
     COST,
     QUALITY,
+    WORST_SHOWN,
     adaptive_runs,
     always_deep_run,
     decision_log,
@@ -24,6 +27,7 @@ from experiments.dashboard.data import (
     savings_vs_deep,
     schema_warning,
     table_metrics,
+    worst_questions,
 )
 from experiments.dashboard.trace_view import render_trace
 from experiments.results import metrics as registry
@@ -42,6 +46,8 @@ from experiments.scoring.significance import PairingError
 # The metrics recomputed on a slice: every one the metrics table shows.
 SLICED = registry.names(table_metrics())
 COST_METRIC, RECALL = registry.get("cost_usd"), registry.get("recall_at_k")
+F1 = registry.get("f1")
+TRACE_PAGE = "trace"  # the Trace viewer's url path (views/trace.py)
 
 
 def render_savings(
@@ -223,6 +229,43 @@ def render_oracle(
         )
 
 
+def render_worst(
+    tables: dict[str, pd.DataFrame], chosen: list[str], labels: dict[str, str], where: str
+) -> None:
+    """Each selected run's worst failed questions in the slice, with their failure tags; a
+    question's id opens its trace in this tab (Back returns here: the slice and runs are in the
+    address)."""
+    st.markdown(f"**Worst questions{' · ' + where if where else ''}**")
+    st.caption(
+        f"per run, up to {WORST_SHOWN} failed questions, lowest {RECALL.label} then token F1 "
+        "first; click a question to open its trace (Back comes back here)"
+    )
+    corpus = store.corpus()
+    for rid in chosen:
+        if rid not in tables:
+            continue
+        frame = worst_questions(tables[rid], corpus=corpus)
+        st.markdown(f"*{html.escape(labels[rid])}*")
+        if frame.empty:
+            st.caption("No failed question here.")
+            continue
+        lines = [
+            f'<tr><td><a href="{html.escape(selection.link(TRACE_PAGE, run=rid, question=q))}" '
+            f'target="_self" class="worst">{html.escape(q)}</a></td>'
+            f"<td>{RECALL.display(None if pd.isna(r) else float(r))}</td>"
+            f"<td>{F1.display(None if pd.isna(f) else float(f))}</td>"
+            f"<td>{html.escape(', '.join(tags))}</td></tr>"
+            for q, r, f, tags in zip(
+                frame["question_id"], frame["recall_at_k"], frame["f1"], frame["tags"], strict=True
+            )
+        ]
+        head = (
+            f"<tr><th>question</th><th>{html.escape(RECALL.heading)}</th>"
+            f"<th>{html.escape(F1.heading)}</th><th>failure tags</th></tr>"
+        )
+        st.markdown(f'<table class="worst">{head}{"".join(lines)}</table>', unsafe_allow_html=True)
+
+
 st.title("Compare runs")
 runs = selection.require_runs()
 labels = dict(zip(runs["run_id"], runs["label"], strict=True))
@@ -282,8 +325,15 @@ if dim is not None and key is not None:
         "computed on these questions only, from each run's per-question table"
         + (f" (no table, shown as —: {', '.join(no_table)})" if no_table else "")
     )
-st.caption("value (questions with a value / all questions) where a metric is not defined for all")
-st.table(metric_table(shown_runs))
+numbers, worst = st.columns([3, 2])
+numbers.caption(
+    "value (questions with a value / all questions) where a metric is not defined for all"
+)
+numbers.table(metric_table(shown_runs))
+with worst:
+    render_worst(
+        sliced_tables, chosen, labels, f"{DIMENSION_LABELS[dim]} {key}" if dim and key else ""
+    )
 if dim is not None and keys:
     with st.expander(f"Every {DIMENSION_LABELS[dim]} side by side (main metrics)"):
         main = [m.name for m in registry.sliced() if m.name in SLICED]

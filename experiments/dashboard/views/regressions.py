@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from experiments.dashboard import selection
+from experiments.dashboard import selection, store
 from experiments.dashboard.data import default_comparison
+from experiments.dashboard.label_view import trace_pairs
 from experiments.dashboard.significance_view import render_significance
 from experiments.results import metrics as registry
 from experiments.scoring import regressions as reg
@@ -52,7 +53,7 @@ metric = st.selectbox(
     "cost",
 )
 selection.share("reg_metric", "metric", metric)
-frame = reg.compare(table_a, table_b, metric)
+frame = reg.compare(table_a, table_b, metric, store.corpus())
 
 f1, f2, f3, f4 = st.columns([1, 1, 1.5, 1])  # room for "analyzer stopped early"
 choices = {
@@ -79,11 +80,17 @@ st.caption(
 rows = reg.ordered(shown).reset_index(drop=True)
 rule = registry.get(metric)
 rows["value_a"], rows["value_b"] = rule.scaled(rows["value_a"]), rule.scaled(rows["value_b"])
+human = {
+    side: store.labels(store.uri(), str(by_id.loc[rid, "experiment_id"]), rid, trace_pairs(rid, t))
+    for side, rid, t in (("a", run_a, table_a), ("b", run_b, table_b))
+}
+rows["label_a"] = [human["a"][q].text() if q in human["a"] else "" for q in rows["question_id"]]
+rows["label_b"] = [human["b"][q].text() if q in human["b"] else "" for q in rows["question_id"]]
 rows["trace_a"] = [selection.link(TRACE_PAGE, run=run_a, question=q) for q in rows["question_id"]]
 rows["trace_b"] = [selection.link(TRACE_PAGE, run=run_b, question=q) for q in rows["question_id"]]
 COLUMNS = [
     "question_id", "set", "type", "change", "value_a", "value_b", "tags_a", "tags_b",
-    "trace_a", "trace_b", "question",
+    "label_a", "label_b", "trace_a", "trace_b", "question",
 ]  # fmt: skip
 st.dataframe(
     rows[COLUMNS],
@@ -94,6 +101,8 @@ st.dataframe(
         "value_b": st.column_config.NumberColumn("B", format=rule.format.printf, help=rule.heading),
         "tags_a": st.column_config.ListColumn("A tags", width="medium"),
         "tags_b": st.column_config.ListColumn("B tags", width="medium"),
+        "label_a": st.column_config.TextColumn("A human label", help="From the Trace viewer"),
+        "label_b": st.column_config.TextColumn("B human label", help="From the Trace viewer"),
         "trace_a": st.column_config.LinkColumn("A trace", display_text="open A"),
         "trace_b": st.column_config.LinkColumn("B trace", display_text="open B"),
         "question": st.column_config.TextColumn("question", width="large"),
@@ -114,7 +123,9 @@ if not rows.empty:
     left.link_button("Trace in A", selection.link(TRACE_PAGE, run=run_a, question=picked))
     right.link_button("Trace in B", selection.link(TRACE_PAGE, run=run_b, question=picked))
 
-items = reg.as_dataset(shown)
+# each question goes out with its human label: B's, else A's
+labelled = {q: label.text() for side in ("a", "b") for q, label in human[side].items()}
+items = reg.as_dataset(shown, labelled)
 st.download_button(
     "Export these questions as a dataset",
     reg.to_jsonl(items),
@@ -122,7 +133,8 @@ st.download_button(
     mime="application/jsonl",
     disabled=not items,
     help="The questions shown, one JSON object a line in the question-set schema "
-    "(datasets/README.md): load it with `experiments.results.questions.load_questions`",
+    "(datasets/README.md), each with its human label if it has one: load it with "
+    "`experiments.results.questions.load_questions`",
 )
 left_out = len(shown) - len(reg.single_questions(shown))
 turns = f"; {left_out} conversation turns left out (a turn needs its conversation)"

@@ -5,7 +5,9 @@ from __future__ import annotations
 import streamlit as st
 
 from experiments.dashboard import selection, store
+from experiments.dashboard.ask_again import render_ask_again, render_beside
 from experiments.dashboard.data import schema_warning
+from experiments.dashboard.label_view import render_label
 from experiments.dashboard.trace_view import render_scores, render_trace, trace_id
 from experiments.results.row import GOLD_HOPS, rows_of
 
@@ -55,5 +57,11 @@ st.link_button(
     "Open this question's trace in the MLflow UI",
     store.trace_url(str(run["experiment_id"]), trace_id(str(run["run_id"]), row)),
 )
-render_scores(row)
-render_trace(row)
+corpus = store.corpus()
+render_scores(row, corpus)
+render_label(run, row, rows)
+again = render_ask_again(run, row)
+if again is None:
+    render_trace(row, corpus)
+else:
+    render_beside(run, row, again, corpus)
