@@ -11,6 +11,7 @@ import pytest
 from caprag.config import load_settings
 from caprag.errors import MissingAPIKeyError, StructuredOutputError
 from caprag.llm import StepFailedError, build_openai_client
+from caprag.llm.budget import CHARS_PER_TOKEN
 from caprag.services import Pipeline, build_pipeline
 from caprag.store import PassageIndex
 from caprag.strategies import MultiHopStrategy
@@ -44,7 +45,7 @@ async def test_structured_decision_is_parsed_and_usage_recorded() -> None:
     assert (result.usage.prompt_tokens, result.usage.completion_tokens) == (120, 30)
     assert result.usage.counted == "reported"
     assert result.usage.cost_usd == pytest.approx((120 * 0.15 + 30 * 0.60) / 1e6)
-    assert result.usage.prompt_version == "analyze-v2"
+    assert result.usage.prompt_version == "analyze-v3"
     assert result.usage.messages == request_messages(stub.bodies[0])
     assert result.usage.reply and "Old Soldier (Gifts, p. 7)" in result.usage.reply
     request = stub.bodies[0]
@@ -81,14 +82,37 @@ async def test_a_json_schema_reply_cut_at_the_cap_is_retried_then_recorded() -> 
         steps = llm_for(stub, structured_method="json_schema", max_output_tokens=16)
         result = await steps.analyze("q", [DOC], ["q"])
     assert stub.bodies[0]["response_format"]["type"] == "json_schema"
+    # The cut reply is retried once with twice the cap, even with one parse attempt, and noted.
+    assert [b["max_tokens"] for b in stub.bodies] == [16, 32]
     assert result.value.sufficient and result.usage is not None
     assert result.usage.attempts == 2 and result.usage.prompt_tokens == 50 + 42
+    assert result.usage.notes == ["cut at the 16-token output cap: retried with 32"]
     with StubServer(default=cut) as stub:
         steps = llm_for(stub, structured_method="json_schema", parse_attempts=2)
         failed = await steps.analyze("q", [DOC], ["q"])
+    # Two parse attempts, plus the one retry with a larger cap: then it counts as unusable.
+    assert [b["max_tokens"] for b in stub.bodies] == [512, 1024, 1024]
     assert failed.usage is not None and failed.usage.error is not None
     assert "output cap before its JSON was complete" in failed.usage.error
-    assert failed.usage.completion_tokens == 2 * 16 and failed.usage.reply == cut["content"]
+    assert failed.usage.completion_tokens == 3 * 16 and failed.usage.reply == cut["content"]
+    assert failed.usage.attempts == 3
+
+
+async def test_json_schema_requests_carry_bounds_that_fit_the_cap() -> None:
+    ok = {"content": '{"answer": "-2 per extra attack.", "source_ids": []}'}
+    with StubServer(default=ok) as stub:
+        steps = llm_for(stub, structured_method="json_schema", max_output_tokens=128)
+        await steps.generate("Flurry penalty?", [DOC])
+    body = stub.bodies[0]
+    schema = body["response_format"]["json_schema"]["schema"]
+    answer = schema["properties"]["answer"]["maxLength"]
+    ids = schema["properties"]["source_ids"]
+    longest = answer + ids["maxItems"] * ids["items"]["maxLength"]
+    assert 100 < answer and longest <= 128 * CHARS_PER_TOKEN  # what the cap holds, no more
+    assert "budget" not in str(schema)  # the weights are ours, not sent
+    system = body["messages"][0]["content"]
+    assert f"at most {answer} characters" in system
+    assert f"(at most {ids['maxItems']})" in system
 
 
 async def test_a_json_schema_reply_breaking_the_schema_is_recorded_not_raised() -> None:
