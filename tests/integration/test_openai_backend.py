@@ -108,7 +108,7 @@ async def test_json_schema_requests_carry_bounds_that_fit_the_cap() -> None:
     answer = schema["properties"]["answer"]["maxLength"]
     ids = schema["properties"]["source_ids"]
     longest = answer + ids["maxItems"] * ids["items"]["maxLength"]
-    assert 100 < answer and longest <= 128 * CHARS_PER_TOKEN  # what the cap holds, no more
+    assert answer > 100 and longest <= 128 * CHARS_PER_TOKEN  # what the cap holds, no more
     assert "budget" not in str(schema)  # the weights are ours, not sent
     system = body["messages"][0]["content"]
     assert f"at most {answer} characters" in system
