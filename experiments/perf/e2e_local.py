@@ -461,9 +461,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--cases", default=Settings.cases, help="experiment.limit_per_set")
     parser.add_argument("--cap", type=int, default=Settings.cap)
+    parser.add_argument(
+        "--judge-questions", type=int, default=Settings.judge_questions, help="experiment.limit"
+    )
+    parser.add_argument("--judge-repeats", type=int, default=Settings.judge_repeats)
     parser.add_argument("--no-report", action="store_true", help="check only, keep the report")
     args = parser.parse_args(argv)
-    settings = Settings(cases=args.cases, cap=args.cap)
+    settings = Settings(
+        cases=args.cases,
+        cap=args.cap,
+        judge_questions=args.judge_questions,
+        judge_repeats=args.judge_repeats,
+    )
     os.environ.setdefault(LOCAL_KEY_VARIABLE, "local")
     ensure_installed()
     start = time.monotonic()
