@@ -111,6 +111,20 @@ def seed_for(base: int, repeat: int, prompt: str, occurrence: int) -> int:
     return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
+def binary_verdicts(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema with every integer field held to 0 or 1: RAGAS's verdicts (`verdict`,
+    `attributed`, `noncommittal`) are 1 or 0 by its prompts, but typed as any integer, and a
+    small model's 2 made a context recall of 2.0 (seen with SmolLM2)."""
+    if isinstance(schema, dict):
+        out = {k: binary_verdicts(v) for k, v in schema.items()}
+        if out.get("type") == "integer":
+            out["minimum"], out["maximum"] = 0, 1
+        return out
+    if isinstance(schema, list):
+        return [binary_verdicts(v) for v in schema]  # type: ignore[return-value]
+    return schema
+
+
 class JudgeCalls:
     """The judge's calls to an OpenAI-compatible client: structured replies in the mode the
     server honours, fitted to the output cap, retried once with a larger cap when cut. RAGAS
@@ -147,7 +161,7 @@ class JudgeCalls:
             "type": "json_schema",
             "json_schema": {
                 "name": response_model.__name__,
-                "schema": model_schema(response_model, self.max_output_tokens),
+                "schema": binary_verdicts(model_schema(response_model, self.max_output_tokens)),
             },
         }
 
@@ -308,6 +322,8 @@ class RagasJudge:
                     value = float(result.value)
                     if math.isnan(value):
                         reasons.append("the judge gave no verdict to score")
+                    elif not 0.0 <= value <= 1.0:
+                        reasons.append(f"the judge's verdicts gave {value:g}, outside 0-1")
                     else:
                         scored.append(value)
                 except Exception as exc:  # recorded as missing with its reason

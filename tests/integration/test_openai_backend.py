@@ -262,6 +262,13 @@ async def test_ragas_judge_goes_through_the_openai_compatible_endpoint() -> None
         if f["json_schema"]["name"] == "StatementGeneratorOutput"
     )["properties"]["statements"]
     assert statements["maxItems"] >= 1 and statements["items"]["maxLength"] >= 16
+    recall = next(
+        f["json_schema"]["schema"]
+        for f in formats
+        if f["json_schema"]["name"] == "ContextRecallOutput"
+    )
+    attributed = recall["$defs"]["ContextRecallClassification"]["properties"]["attributed"]
+    assert (attributed["minimum"], attributed["maximum"]) == (0, 1)  # a verdict is 0 or 1
     # Beside the non-LLM counterparts on the gold passages (here identical: no gap).
     assert values["judge_context_recall_gap"] == 0.0
 
