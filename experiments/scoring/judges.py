@@ -111,17 +111,17 @@ def seed_for(base: int, repeat: int, prompt: str, occurrence: int) -> int:
     return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
-def binary_verdicts(schema: dict[str, Any]) -> dict[str, Any]:
+def binary_verdicts(schema: Any) -> Any:
     """The schema with every integer field held to 0 or 1: RAGAS's verdicts (`verdict`,
     `attributed`, `noncommittal`) are 1 or 0 by its prompts, but typed as any integer, and a
     small model's 2 made a context recall of 2.0 (seen with SmolLM2)."""
     if isinstance(schema, dict):
-        out = {k: binary_verdicts(v) for k, v in schema.items()}
+        out: dict[str, Any] = {k: binary_verdicts(v) for k, v in schema.items()}
         if out.get("type") == "integer":
-            out["minimum"], out["maximum"] = 0, 1
+            out.update(minimum=0, maximum=1)
         return out
     if isinstance(schema, list):
-        return [binary_verdicts(v) for v in schema]  # type: ignore[return-value]
+        return [binary_verdicts(v) for v in schema]
     return schema
 
 
