@@ -17,7 +17,6 @@ model (the default), or a thinner path with the same requests for the openai bac
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 from typing import Any, Protocol, TypeVar
 
@@ -26,6 +25,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 from pydantic import BaseModel
 
 from caprag.errors import LLMCallError, LLMTimeoutError, StructuredOutputError
+from caprag.llm.budget import model_schema, prompt_values
 from caprag.llm.cache import ResponseCache, cache_key
 from caprag.llm.prompt import Prompt, as_sent
 from caprag.llm.usage import count_tokens, price
@@ -62,6 +62,10 @@ class ChatCalls(Protocol):
         """Calls whose reply is the message itself."""
         ...
 
+    def capped(self, max_tokens: int) -> ChatCalls:
+        """The same calls with another output cap (a reply cut at the cap is retried so)."""
+        ...
+
 
 class LangChainCalls:
     """Through LangChain's runnables: `with_structured_output(include_raw=True)` and the model."""
@@ -80,6 +84,32 @@ class LangChainCalls:
         """The chat model."""
         return self.chat
 
+    def capped(self, max_tokens: int) -> LangChainCalls:
+        """Through a copy of the chat model with another output cap."""
+        return LangChainCalls(with_cap(self.chat, max_tokens))
+
+
+def output_cap(chat: BaseChatModel) -> int | None:
+    """A chat model's output cap: the `max_tokens` it sends in its request body (how the openai
+    backend caps every server), else its `max_tokens` field; None when it has none."""
+    extra = getattr(chat, "extra_body", None)
+    if isinstance(extra, dict) and isinstance(extra.get("max_tokens"), int):
+        return int(extra["max_tokens"])
+    cap = getattr(chat, "max_tokens", None)
+    return int(cap) if isinstance(cap, int) else None
+
+
+def with_cap(chat: BaseChatModel, max_tokens: int) -> Any:
+    """A copy of `chat` whose output cap is `max_tokens`, set where `output_cap` reads it."""
+    extra = getattr(chat, "extra_body", None)
+    if isinstance(extra, dict) and "max_tokens" in extra:
+        return chat.model_copy(update={"extra_body": {**extra, "max_tokens": max_tokens}})
+    return chat.model_copy(update={"max_tokens": max_tokens})
+
+
+CAP_RETRY_FACTOR = 2
+"""A reply cut at the output cap is retried once with this many times the cap."""
+
 
 class StructuredClient:
     """Structured replies (JSON fitting a pydantic schema) and plain text from one chat model."""
@@ -95,6 +125,7 @@ class StructuredClient:
         cache: ResponseCache | None = None,
         timeout_s: float | None = None,
         calls: ChatCalls | None = None,
+        max_output_tokens: int | None = None,
     ) -> None:
         if parse_attempts < 1:
             raise ValueError("parse_attempts must be at least 1")
@@ -108,7 +139,10 @@ class StructuredClient:
         self.backend = backend
         self.cache = cache
         self.calls = calls or LangChainCalls(chat)
-        self._runnables: dict[type[BaseModel], Invocable] = {}
+        self.max_output_tokens = max_output_tokens or output_cap(chat)
+        """The output cap every schema is fitted to (caprag.llm.budget); None: unknown, the
+        schemas' own bounds."""
+        self._runnables: dict[tuple[type[BaseModel], int | None], Invocable] = {}
 
     def _key(self, prompt: Prompt, messages: list[BaseMessage], **extra: Any) -> str:
         """What shapes a reply: provider and endpoint, model, every message, the chat model's
@@ -144,14 +178,26 @@ class StructuredClient:
                 step=usage.step,
             )
 
-    def _runnable(self, schema: type[BaseModel]) -> Invocable:
-        """The structured calls of a schema's JSON schema (parsed as JSON, validated by
-        `structured`), built once: building them costs more CPU than the rest of a call's work."""
-        if schema not in self._runnables:
-            self._runnables[schema] = self.calls.structured(
-                _json_schema(schema), self.structured_method
+    def schema(self, schema: type[BaseModel]) -> dict[str, Any]:
+        """The JSON schema sent for `schema`: its strings and lists bounded so its longest valid
+        reply fits the output cap (caprag.llm.budget)."""
+        return model_schema(schema, self.max_output_tokens)
+
+    def lengths(self, prompt: Prompt, schema: type[BaseModel]) -> dict[str, str]:
+        """The field lengths `prompt` tells the model (its `{<field>_chars}`/`{<field>_items}`
+        placeholders), as the schema sent bounds them."""
+        return prompt_values(schema, self.max_output_tokens, prompt.fields)
+
+    def _runnable(self, schema: type[BaseModel], cap: int | None = None) -> Invocable:
+        """The structured calls of a schema's fitted JSON schema (parsed as JSON, validated by
+        `structured`), at the output cap `cap` (None: the chat model's), built once: building
+        them costs more CPU than the rest of a call's work."""
+        if (schema, cap) not in self._runnables:
+            calls = self.calls if cap is None else self.calls.capped(cap)
+            self._runnables[(schema, cap)] = calls.structured(
+                self.schema(schema), self.structured_method
             )
-        return self._runnables[schema]
+        return self._runnables[(schema, cap)]
 
     def _usage(
         self, step: str, prompt: Prompt, messages: list[BaseMessage], raw: Any, t0: float
@@ -190,16 +236,18 @@ class StructuredClient:
         endpoint failed.
         """
         messages = prompt.render(**values)
-        key = self._key(
-            prompt, messages, schema=_json_schema(schema), method=self.structured_method
-        )
+        key = self._key(prompt, messages, schema=self.schema(schema), method=self.structured_method)
         replayed = self._replay(key, step)
         if replayed is not None:
             return schema.model_validate(replayed[0]), replayed[1]
         runnable = self._runnable(schema)
         detail = ""
         spent: list[CallUsage] = []
-        for _attempt in range(self.parse_attempts):
+        notes: list[str] = []
+        larger = self._larger_cap()
+        attempt = 0
+        while attempt < self.parse_attempts:
+            attempt += 1
             t0 = time.perf_counter()
             try:
                 out = await self._send(step, runnable, messages)
@@ -226,12 +274,30 @@ class StructuredClient:
                 value = schema.model_validate(redact_records(out["parsed"]))
             except ValueError as exc:  # pydantic's ValidationError is a ValueError
                 detail = _why(exc, raw)
+                if detail == CUT_AT_CAP and larger is not None:
+                    # Once per call, and on top of the parse attempts: the bounded schema should
+                    # have fitted, so a cut reply says the model spent more tokens than counted.
+                    notes.append(
+                        f"cut at the {self.max_output_tokens}-token output cap: retried with "
+                        f"{larger}"
+                    )
+                    runnable = self._runnable(schema, larger)
+                    larger = None
+                    attempt -= 1
                 continue
-            total = _merged(spent)
+            total = _merged(spent).model_copy(update={"notes": notes})
             self._store(key, value.model_dump(mode="json"), total)
             return value, total
-        failed = _merged(spent).model_copy(update={"error": f"unparseable reply: {detail}"})
-        raise StepFailedError(schema.__name__, detail, self.parse_attempts, failed)
+        failed = _merged(spent).model_copy(
+            update={"error": f"unparseable reply: {detail}", "notes": notes}
+        )
+        raise StepFailedError(schema.__name__, detail, len(spent), failed)
+
+    def _larger_cap(self) -> int | None:
+        """The cap a reply cut at the output cap is retried with (None: no known cap)."""
+        if self.max_output_tokens is None:
+            return None
+        return self.max_output_tokens * CAP_RETRY_FACTOR
 
     async def _send(self, step: str, runnable: Invocable, messages: list[BaseMessage]) -> Any:
         """One request (with the chat model's transport retries) within `timeout_s`.
@@ -341,11 +407,6 @@ def _why(exc: Exception, raw: Any) -> str:
     if metadata.get("finish_reason") == "length":
         return CUT_AT_CAP
     return redact(" ".join(str(exc).split())[:500])
-
-
-@functools.cache
-def _json_schema(schema: type[BaseModel]) -> dict[str, Any]:
-    return schema.model_json_schema()
 
 
 def raw_text(raw: Any) -> str:

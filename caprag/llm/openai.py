@@ -27,7 +27,7 @@ from openai.types.chat import ChatCompletion
 
 from caprag.errors import MissingAPIKeyError
 from caprag.llm.cache import ResponseCache
-from caprag.llm.client import Invocable, StructuredClient
+from caprag.llm.client import Invocable, StructuredClient, with_cap
 from caprag.secrets import env_secret, register
 
 REQUEST_OPTIONS = {"extra_body": "extra_json", "extra_headers": "headers", "extra_query": "params"}
@@ -72,6 +72,10 @@ class OpenAICalls:
     def plain(self) -> Invocable:
         """Calls with the model's own parameters only."""
         return _Plain(self)
+
+    def capped(self, max_tokens: int) -> OpenAICalls:
+        """The same calls through a copy of the chat model with another output cap."""
+        return OpenAICalls(with_cap(self.chat, max_tokens))
 
     async def complete(self, messages: list[BaseMessage], **bound: Any) -> AIMessage:
         """One chat completion: the reply as LangChain's message, usage and finish reason in it.

@@ -23,6 +23,8 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator
 
 from caprag.catalog import Catalog
+from caprag.llm.budget import model_limits
+from caprag.llm.budget import prompt_values as budget_values
 from caprag.llm.client import StepFailedError, StructuredClient
 from caprag.llm.prompt import Prompt, format_passages
 from caprag.schemas import MAX_QUERIES, MAX_QUERY_CHARS, Document
@@ -32,7 +34,7 @@ from caprag.text import Reference, names, references, sentences, terms
 
 ANALYZE = Prompt(
     name="analyze",
-    version="analyze-v2",
+    version="analyze-v3",
     system=(
         "You decide whether retrieved rulebook passages are enough to answer a question.\n"
         "1. Look for cross-references inside the passages whose target is not among them, such as "
@@ -41,7 +43,8 @@ ANALYZE = Prompt(
         "'Rapid Strike (Combat, p. 41)'.\n"
         "2. Look for parts of the question that no passage covers; each becomes a query.\n"
         "Set sufficient=true only when nothing important is missing. Give at most {max_queries} "
-        "new_queries, none that was already searched, and one or two sentences of reasoning."
+        "new_queries of at most {new_queries_chars} characters each, none that was already "
+        "searched, and one sentence of reasoning (at most {reasoning_chars} characters)."
     ),
     user="Question: {question}\n\nAlready searched:\n{searched}\n\nPassages:\n{passages}",
 )
@@ -60,9 +63,10 @@ class SufficiencyDecision(BaseModel):
         default_factory=list,
         max_length=MAX_QUERIES,
         description="Targeted searches for unresolved cross-references or missing parts.",
+        json_schema_extra={"items": {"type": "string", "maxLength": MAX_QUERY_CHARS}, "budget": 2},
     )
     reasoning: str = Field(
-        default="", max_length=MAX_REASONING_CHARS, description="One or two sentences why."
+        default="", max_length=MAX_REASONING_CHARS, description="One sentence why."
     )
 
     @field_validator("new_queries")
@@ -408,14 +412,22 @@ def decide(
 
 
 def prompt_values(
-    question: str, documents: Sequence[Document], searched: Sequence[str], max_queries: int
+    question: str,
+    documents: Sequence[Document],
+    searched: Sequence[str],
+    max_queries: int,
+    output_cap: int | None = None,
 ) -> dict[str, str]:
-    """The ANALYZE prompt's arguments."""
+    """The ANALYZE prompt's arguments, with the lengths of the decision's schema fitted to
+    `output_cap` (None: the schema's own bounds); fewer queries are asked for than
+    `max_queries` when the cap holds fewer."""
+    items = model_limits(SufficiencyDecision, output_cap)["new_queries"].items
     return {
         "question": question,
         "searched": "\n".join(searched) or "(nothing)",
         "passages": format_passages(documents),
-        "max_queries": str(max_queries),
+        "max_queries": str(min(max_queries, items) if items is not None else max_queries),
+        **budget_values(SufficiencyDecision, output_cap, ANALYZE.fields),
     }
 
 
@@ -467,7 +479,9 @@ class LLMAnalyzer:
         catalog: Catalog | None = None,
     ) -> StepResult[SufficiencyDecision]:
         """The model reads the passages itself (`catalog` is for the rule)."""
-        values = prompt_values(question, documents, searched, self.max_queries)
+        values = prompt_values(
+            question, documents, searched, self.max_queries, self.client.max_output_tokens
+        )
         try:
             decision, usage = await self.client.structured(
                 "analyze", ANALYZE, SufficiencyDecision, **values
@@ -480,7 +494,7 @@ class LLMAnalyzer:
                 "stopping with what was found",
             )
             return StepResult(value=stop, usage=failed.usage)
-        notes: list[str] = []
+        notes: list[str] = list(usage.notes)
         queries = cap(decision.new_queries, self.max_queries, notes)
         decision = decision.model_copy(update={"new_queries": queries})
         return StepResult(value=decision, usage=usage.model_copy(update={"notes": notes}))

@@ -39,9 +39,10 @@ from dataclasses import dataclass
 from pydantic import BaseModel, Field
 
 from caprag.catalog import Catalog
+from caprag.llm.budget import model_limits, prompt_values
 from caprag.llm.client import StepFailedError, StructuredClient
 from caprag.llm.prompt import Prompt, format_passages
-from caprag.schemas import MAX_QUERIES, Document
+from caprag.schemas import MAX_QUERIES, MAX_QUERY_CHARS, Document
 from caprag.steps import analyze as analyzer
 from caprag.steps.analyze import Links
 from caprag.steps.base import StepResult
@@ -49,14 +50,15 @@ from caprag.text import terms
 
 ASSESS = Prompt(
     name="assess",
-    version="assess-v2",
+    version="assess-v3",
     system=(
         "You judge whether retrieved rulebook passages are enough to answer a question fully.\n"
         "Give a confidence from 0.0 (nothing useful) to 1.0 (every fact the answer needs is in "
         "the passages). Lower it for parts of the question no passage covers, for cross-references "
         "such as 'see Combat, p. 41' whose target passage is missing, and for passages from an "
         "older edition when a newer one is present. List what is missing in missing_info (at most "
-        "{max_missing} short items) and give one or two sentences of reasoning."
+        "{max_missing} items of at most {missing_info_chars} characters) and give one sentence "
+        "of reasoning (at most {reasoning_chars} characters)."
     ),
     user="Question: {question}\n\nPassages:\n{passages}",
 )
@@ -68,11 +70,12 @@ class ConfidenceAssessment(BaseModel):
     confidence: float = Field(
         ge=0.0, le=1.0, description="0.0 (nothing useful) to 1.0 (everything needed is there)."
     )
-    reasoning: str = Field(default="", max_length=2000, description="One or two sentences why.")
+    reasoning: str = Field(default="", max_length=2000, description="One sentence why.")
     missing_info: list[str] = Field(
         default_factory=list,
         max_length=MAX_QUERIES,
         description="Facts or cross-referenced rules the passages do not contain.",
+        json_schema_extra={"items": {"type": "string", "maxLength": MAX_QUERY_CHARS}},
     )
 
 
@@ -224,6 +227,20 @@ class RuleAssessor:
         return StepResult(value=signals.assessment(), usage=None, signals=signals.as_dict())
 
 
+def assess_values(
+    question: str, documents: Sequence[Document], output_cap: int | None = None
+) -> dict[str, str]:
+    """The ASSESS prompt's arguments, with the lengths of the assessment's schema fitted to
+    `output_cap` (None: the schema's own bounds)."""
+    items = model_limits(ConfidenceAssessment, output_cap)["missing_info"].items
+    return {
+        "question": question,
+        "passages": format_passages(documents) or "(none)",
+        "max_missing": str(min(MAX_QUERIES, items) if items is not None else MAX_QUERIES),
+        **prompt_values(ConfidenceAssessment, output_cap, ASSESS.fields),
+    }
+
+
 class LLMAssessor:
     """The model's self-assessment (a confidence outside 0-1 is a parse failure)."""
 
@@ -242,9 +259,7 @@ class LLMAssessor:
                 "assess",
                 ASSESS,
                 ConfidenceAssessment,
-                question=question,
-                passages=format_passages(documents) or "(none)",
-                max_missing=str(MAX_QUERIES),
+                **assess_values(question, documents, self.client.max_output_tokens),
             )
         except StepFailedError as failed:
             zero = ConfidenceAssessment(

@@ -15,13 +15,14 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from caprag.llm.budget import prompt_values
 from caprag.llm.client import StepFailedError, StructuredClient
 from caprag.llm.prompt import Prompt
 from caprag.steps.base import RuleStep, StepResult
 
 CLASSIFY = Prompt(
     name="classify",
-    version="classify-v1",
+    version="classify-v2",
     system=(
         "You sort questions about tabletop role-playing rulebooks by how much reading they need.\n"
         "- factual: asks for one fact, number or definition ('How long does a torch burn?').\n"
@@ -31,7 +32,7 @@ CLASSIFY = Prompt(
         "dodge after a Flurry?', 'Is a charge or a flurry better here?').\n"
         "- strategic: asks to plan, build, combine or optimize across several rules ('What is "
         "the best way to build a fighter around Old Soldier?').\n"
-        "Return query_type and one sentence of reasoning."
+        "Return query_type and one sentence of reasoning (at most {reasoning_chars} characters)."
     ),
     user="Question: {question}",
 )
@@ -106,8 +107,9 @@ class RuleClassifier(RuleStep):
     async def __call__(self, question: str) -> StepResult[QueryClass]:
         t0 = time.perf_counter()
         value = classify_question(question)
+        lengths = prompt_values(QueryClass, None, CLASSIFY.fields)
         return self.costed(
-            "classify", CLASSIFY, value, value.model_dump_json(), t0, question=question
+            "classify", CLASSIFY, value, value.model_dump_json(), t0, question=question, **lengths
         )
 
 
@@ -123,7 +125,11 @@ class LLMClassifier:
     async def __call__(self, question: str) -> StepResult[QueryClass]:
         try:
             value, usage = await self.client.structured(
-                "classify", CLASSIFY, QueryClass, question=question
+                "classify",
+                CLASSIFY,
+                QueryClass,
+                question=question,
+                **self.client.lengths(CLASSIFY, QueryClass),
             )
         except StepFailedError as failed:
             fallback = QueryClass(

@@ -11,6 +11,7 @@ import time
 
 from pydantic import BaseModel, Field, field_validator
 
+from caprag.llm.budget import model_limits, prompt_values
 from caprag.llm.client import StepFailedError, StructuredClient
 from caprag.llm.prompt import Prompt
 from caprag.schemas import MAX_QUERIES, MAX_QUERY_CHARS
@@ -19,11 +20,12 @@ from caprag.text import entities, terms
 
 EXPAND = Prompt(
     name="expand",
-    version="expand-v2",
+    version="expand-v3",
     system=(
         "You help search a library of tabletop role-playing rulebooks. Break the user's question "
         "into at most {n} short, standalone search queries, one per rule, term or book the answer "
-        "depends on. Do not repeat the original question. Return them in the field 'questions'."
+        "depends on, each at most {questions_chars} characters. Do not repeat the original "
+        "question. Return them in the field 'questions'."
     ),
     user="Question: {question}",
 )
@@ -32,7 +34,12 @@ EXPAND = Prompt(
 class Questions(BaseModel):
     """Sub-questions produced by query expansion (the original is added by the strategy)."""
 
-    questions: list[str] = Field(max_length=MAX_QUERIES)
+    questions: list[str] = Field(
+        max_length=MAX_QUERIES,
+        # Sent (and fitted to the output cap); a longer query from a server that does not
+        # constrain its output is cut by the validator below rather than refused.
+        json_schema_extra={"items": {"type": "string", "maxLength": MAX_QUERY_CHARS}},
+    )
 
     @field_validator("questions")
     @classmethod
@@ -62,7 +69,10 @@ class RuleExpander(RuleStep):
     async def __call__(self, question: str, n: int) -> StepResult[list[str]]:
         t0 = time.perf_counter()
         subs = rule_expansion(question, n)
-        return self.costed("expand", EXPAND, subs, "\n".join(subs), t0, question=question, n=str(n))
+        lengths = prompt_values(Questions, None, EXPAND.fields)
+        return self.costed(
+            "expand", EXPAND, subs, "\n".join(subs), t0, question=question, n=str(n), **lengths
+        )
 
 
 class LLMExpander:
@@ -75,12 +85,24 @@ class LLMExpander:
         self.model = client.model
 
     async def __call__(self, question: str, n: int) -> StepResult[list[str]]:
+        asked = asked_for(n, self.client.max_output_tokens)
         try:
             value, usage = await self.client.structured(
-                "expand", EXPAND, Questions, question=question, n=str(n)
+                "expand",
+                EXPAND,
+                Questions,
+                question=question,
+                n=str(asked),
+                **self.client.lengths(EXPAND, Questions),
             )
         except StepFailedError as failed:
             return StepResult(value=[], usage=failed.usage)
-        notes: list[str] = []
+        notes: list[str] = list(usage.notes)
         queries = cap(value.questions, n, notes)
         return StepResult(value=queries, usage=usage.model_copy(update={"notes": notes}))
+
+
+def asked_for(n: int, output_cap: int | None) -> int:
+    """How many queries the prompt asks for: n, or fewer when the output cap holds fewer."""
+    items = model_limits(Questions, output_cap)["questions"].items
+    return min(n, items) if items is not None else n

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, Field
 
+from caprag.llm.budget import prompt_values as lengths
 from caprag.llm.client import StructuredClient
 from caprag.llm.prompt import History, Prompt, format_history, format_passages
 from caprag.schemas import Document
@@ -26,25 +27,31 @@ ROW_KEY_BONUS = 0.3
 
 GENERATE = Prompt(
     name="generate",
-    version="generate-v2",
+    version="generate-v3",
     system=(
         "Answer the question about the rulebooks using only the passages given. Follow the "
         "cross-references between passages when they change the answer. Be brief and give the "
-        "numbers. If the passages do not contain the answer, answer exactly: "
-        "'{refusal}' List in source_ids the ids of the passages you used."
+        "numbers: the answer is at most {answer_chars} characters. If the passages do not "
+        "contain the answer, answer exactly: '{refusal}' List in source_ids the ids of the "
+        "passages you used (at most {source_ids_items})."
     ),
     user="{history}Question: {question}\n\nPassages:\n{passages}{confidence}",
 )
 
 
 MAX_ANSWER_CHARS = 4000
+MAX_SOURCE_ID_CHARS = 200
 
 
 class GeneratedAnswer(BaseModel):
     """What the generator returns: the answer text and the passage ids it relied on."""
 
-    answer: str = Field(max_length=MAX_ANSWER_CHARS)
-    source_ids: list[str] = Field(default_factory=list, max_length=20)
+    answer: str = Field(max_length=MAX_ANSWER_CHARS, json_schema_extra={"budget": 3})
+    source_ids: list[str] = Field(
+        default_factory=list,
+        max_length=20,
+        json_schema_extra={"items": {"type": "string", "maxLength": MAX_SOURCE_ID_CHARS}},
+    )
 
 
 Confidence = tuple[float, float]
@@ -78,15 +85,18 @@ def prompt_values(
     documents: Sequence[Document],
     history: History,
     confidence: Confidence | None = None,
+    output_cap: int | None = None,
 ) -> dict[str, str]:
     """The GENERATE prompt's arguments (earlier turns first, when there are any; retrieval's
-    confidence last, when the strategy rated it)."""
+    confidence last, when the strategy rated it), with the lengths of the answer's schema
+    fitted to `output_cap` (None: the schema's own bounds)."""
     return {
         "question": question,
         "passages": format_passages(documents),
         "history": format_history(history) + "\n\n" if history else "",
         "refusal": REFUSAL,
         "confidence": confidence_note(confidence),
+        **lengths(GeneratedAnswer, output_cap, GENERATE.fields),
     }
 
 
@@ -183,13 +193,15 @@ class LLMGenerator:
         history: History = (),
         confidence: Confidence | None = None,
     ) -> StepResult[GeneratedAnswer]:
-        values = prompt_values(question, documents, history, confidence)
+        values = prompt_values(
+            question, documents, history, confidence, self.client.max_output_tokens
+        )
         answer, usage = await self.client.structured(
             "generate", GENERATE, GeneratedAnswer, **values
         )
         known = {d.passage_id for d in documents}
         unknown = [i for i in answer.source_ids if i not in known]
-        notes = (
+        notes = list(usage.notes) + (
             [f"cited ids not among the passages dropped: {', '.join(unknown)}"] if unknown else []
         )
         answer = answer.model_copy(

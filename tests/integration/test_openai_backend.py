@@ -11,6 +11,7 @@ import pytest
 from caprag.config import load_settings
 from caprag.errors import MissingAPIKeyError, StructuredOutputError
 from caprag.llm import StepFailedError, build_openai_client
+from caprag.llm.budget import CHARS_PER_TOKEN
 from caprag.services import Pipeline, build_pipeline
 from caprag.store import PassageIndex
 from caprag.strategies import MultiHopStrategy
@@ -44,7 +45,7 @@ async def test_structured_decision_is_parsed_and_usage_recorded() -> None:
     assert (result.usage.prompt_tokens, result.usage.completion_tokens) == (120, 30)
     assert result.usage.counted == "reported"
     assert result.usage.cost_usd == pytest.approx((120 * 0.15 + 30 * 0.60) / 1e6)
-    assert result.usage.prompt_version == "analyze-v2"
+    assert result.usage.prompt_version == "analyze-v3"
     assert result.usage.messages == request_messages(stub.bodies[0])
     assert result.usage.reply and "Old Soldier (Gifts, p. 7)" in result.usage.reply
     request = stub.bodies[0]
@@ -81,14 +82,37 @@ async def test_a_json_schema_reply_cut_at_the_cap_is_retried_then_recorded() -> 
         steps = llm_for(stub, structured_method="json_schema", max_output_tokens=16)
         result = await steps.analyze("q", [DOC], ["q"])
     assert stub.bodies[0]["response_format"]["type"] == "json_schema"
+    # The cut reply is retried once with twice the cap, even with one parse attempt, and noted.
+    assert [b["max_tokens"] for b in stub.bodies] == [16, 32]
     assert result.value.sufficient and result.usage is not None
     assert result.usage.attempts == 2 and result.usage.prompt_tokens == 50 + 42
+    assert result.usage.notes == ["cut at the 16-token output cap: retried with 32"]
     with StubServer(default=cut) as stub:
         steps = llm_for(stub, structured_method="json_schema", parse_attempts=2)
         failed = await steps.analyze("q", [DOC], ["q"])
+    # Two parse attempts, plus the one retry with a larger cap: then it counts as unusable.
+    assert [b["max_tokens"] for b in stub.bodies] == [512, 1024, 1024]
     assert failed.usage is not None and failed.usage.error is not None
     assert "output cap before its JSON was complete" in failed.usage.error
-    assert failed.usage.completion_tokens == 2 * 16 and failed.usage.reply == cut["content"]
+    assert failed.usage.completion_tokens == 3 * 16 and failed.usage.reply == cut["content"]
+    assert failed.usage.attempts == 3
+
+
+async def test_json_schema_requests_carry_bounds_that_fit_the_cap() -> None:
+    ok = {"content": '{"answer": "-2 per extra attack.", "source_ids": []}'}
+    with StubServer(default=ok) as stub:
+        steps = llm_for(stub, structured_method="json_schema", max_output_tokens=128)
+        await steps.generate("Flurry penalty?", [DOC])
+    body = stub.bodies[0]
+    schema = body["response_format"]["json_schema"]["schema"]
+    answer = schema["properties"]["answer"]["maxLength"]
+    ids = schema["properties"]["source_ids"]
+    longest = answer + ids["maxItems"] * ids["items"]["maxLength"]
+    assert answer > 100 and longest <= 128 * CHARS_PER_TOKEN  # what the cap holds, no more
+    assert "budget" not in str(schema)  # the weights are ours, not sent
+    system = body["messages"][0]["content"]
+    assert f"at most {answer} characters" in system
+    assert f"(at most {ids['maxItems']})" in system
 
 
 async def test_a_json_schema_reply_breaking_the_schema_is_recorded_not_raised() -> None:
@@ -224,14 +248,40 @@ async def test_ragas_judge_goes_through_the_openai_compatible_endpoint() -> None
             ["A torch burns for one hour."],
         )
     assert missing == {}
-    assert set(values) == {
-        "judge_faithfulness",
-        "judge_answer_relevancy",
-        "judge_context_precision",
-    }
+    assert set(RagasJudge.names) <= set(values)
     assert all(0.0 <= v <= 1.0 for v in values.values())
     assert values["judge_faithfulness"] == 1.0
     assert {r["model"] for r in stub.bodies} == {"judge-model"}
+    # Structured output the server constrains, with every string and list bounded for the cap.
+    formats = [r["response_format"] for r in stub.bodies]
+    assert all(f["type"] == "json_schema" for f in formats)
+    assert all(r["max_tokens"] == 1024 for r in stub.bodies)
+    statements = next(
+        f["json_schema"]["schema"]
+        for f in formats
+        if f["json_schema"]["name"] == "StatementGeneratorOutput"
+    )["properties"]["statements"]
+    assert statements["maxItems"] >= 1 and statements["items"]["maxLength"] >= 16
+    recall = next(
+        f["json_schema"]["schema"]
+        for f in formats
+        if f["json_schema"]["name"] == "ContextRecallOutput"
+    )
+    attributed = recall["$defs"]["ContextRecallClassification"]["properties"]["attributed"]
+    assert (attributed["minimum"], attributed["maximum"]) == (0, 1)  # a verdict is 0 or 1
+    # Beside the non-LLM counterparts on the gold passages (here identical: no gap).
+    assert values["judge_context_recall_gap"] == 0.0
+
+
+async def test_the_judge_in_json_mode_for_servers_without_json_schema() -> None:
+    from experiments.scoring.judges import RagasJudge
+
+    with StubServer(default={"fill_schema": "A torch burns for one hour."}) as stub:
+        judge = RagasJudge(
+            "judge-model", api_key="k", base_url=stub.base_url, structured_method="json_object"
+        )
+        values, missing = await judge.score("q?", "a", "r", ["c"], ["c"])
+    assert missing == {} and set(RagasJudge.names) <= set(values)
     assert all(r["response_format"] == {"type": "json_object"} for r in stub.bodies)
 
 
@@ -243,7 +293,47 @@ async def test_judge_failures_are_missing_with_reason_not_zero() -> None:
         values, missing = await judge.score("q", "a", "r", ["c"], ["c"])
     assert values == {}
     assert set(missing) == set(RagasJudge.names)
-    assert all("validation error" in reason for reason in missing.values())
+    assert all("does not fit" in reason for reason in missing.values())
+
+
+async def test_a_judge_reply_cut_at_the_cap_is_retried_larger_then_a_reason() -> None:
+    from experiments.scoring.judges import RagasJudge
+
+    cut = {"content": '{"statements": ["A torch', "finish": "length"}
+    with StubServer(default=cut) as stub:
+        judge = RagasJudge("judge-model", api_key="k", base_url=stub.base_url, max_output_tokens=64)
+        values, missing = await judge.score("q", "a", "r", ["c"], ["c"])
+    assert values == {}
+    assert "cut at the output cap (64 tokens, then 128)" in missing["judge_faithfulness"]
+    assert [b["max_tokens"] for b in stub.bodies][:2] == [64, 128]
+
+
+async def test_judge_repeats_are_seeded_and_their_spread_reported() -> None:
+    from experiments.scoring.judges import RagasJudge, agreement
+
+    with StubServer(default={"fill_schema": "A torch burns for one hour."}) as stub:
+        judge = RagasJudge("judge-model", api_key="k", base_url=stub.base_url, repeats=3, seed=7)
+        values, missing = await judge.score("q?", "a", "r", ["c"], ["c"])
+    assert missing == {}
+    # The stub answers alike every time: repeats agree, and each call had its own seed.
+    assert {values[f"{name}_spread"] for name in RagasJudge.names} == {0.0}
+    seeds = [b["seed"] for b in stub.bodies]
+    assert len(set(seeds)) == len(seeds)
+    # Run-level agreement from rows: spread, and the gap/correlation with the non-LLM metric.
+
+    class Row:
+        def __init__(self, **values: float) -> None:
+            self.values = values
+
+    rows = [
+        Row(judge_context_recall=a, ragas_context_recall=b, judge_context_recall_spread=s)
+        for a, b, s in [(0.0, 0.0, 0.5), (0.5, 1.0, 0.0), (1.0, 1.0, 0.0)]
+    ]
+    stats = agreement(rows)["judge_context_recall"]
+    assert stats["scored"] == 3 and stats["pairs"] == 3
+    assert stats["spread"] == pytest.approx(0.5 / 3)
+    assert stats["gap"] == pytest.approx(0.5 / 3)
+    assert stats["correlation"] == pytest.approx(0.866, abs=1e-3)
 
 
 def test_judge_without_key_is_refused() -> None:

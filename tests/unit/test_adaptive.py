@@ -395,7 +395,7 @@ async def test_rule_assess_is_the_free_heuristic(books: MemoryRetriever) -> None
     assert assessed.signals == heuristic_confidence(SIMPLE, docs).as_dict()
     classified = await rule_steps().classify("Can I dodge after a Flurry?")
     assert classified.value.query_type == "decision"
-    assert classified.usage is not None and classified.usage.prompt_version == "classify-v1"
+    assert classified.usage is not None and classified.usage.prompt_version == "classify-v2"
 
 
 def test_powers_are_named_quick_balanced_deep_beside_their_numbers() -> None:

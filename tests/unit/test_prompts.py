@@ -6,8 +6,9 @@ import re
 
 import pytest
 
+from caprag.llm.budget import model_limits, prompt_values
 from caprag.llm.prompt import Prompt, PromptError
-from caprag.steps import ALL_PROMPTS, analyze, generate, prompt_versions
+from caprag.steps import ALL_PROMPTS, analyze, assess, classify, expand, generate, prompt_versions
 from tests.fakes import FLURRY
 
 PLACEHOLDER = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")
@@ -52,3 +53,46 @@ def test_prompt_versions_name_every_step() -> None:
         "classify",
         "assess",
     }
+
+
+@pytest.mark.parametrize("cap", [64, 128, 512])
+def test_prompts_as_sent_state_the_lengths_the_fitted_schema_allows(cap: int) -> None:
+    """What the model is told is what the grammar lets it write: both come from the cap."""
+    limits = model_limits(analyze.SufficiencyDecision, cap)
+    system, _user = analyze.ANALYZE.render(**analyze.prompt_values("q", DOCS, ["q"], 3, cap))
+    queries = limits["new_queries"]
+    assert queries.items is not None
+    asked = min(3, queries.items)
+    assert (
+        f"at most {asked} new_queries of at most {queries.chars} characters each" in system.content
+    )
+    assert f"(at most {limits['reasoning'].chars} characters)" in str(system.content)
+
+    answer = model_limits(generate.GeneratedAnswer, cap)
+    system, _user = generate.GENERATE.render(**generate.prompt_values("q", DOCS, (), cap))
+    assert f"the answer is at most {answer['answer'].chars} characters" in str(system.content)
+    assert f"(at most {answer['source_ids'].items})" in str(system.content)
+
+    missing = model_limits(assess.ConfidenceAssessment, cap)
+    system, _user = assess.ASSESS.render(**assess.assess_values("q", DOCS, cap))
+    assert f"of at most {missing['missing_info'].chars} characters" in str(system.content)
+
+    expanded = model_limits(expand.Questions, cap)["questions"]
+    system, _user = expand.EXPAND.render(
+        question="q",
+        n=str(expand.asked_for(4, cap)),
+        **prompt_values(expand.Questions, cap, expand.EXPAND.fields),
+    )
+    assert f"each at most {expanded.chars} characters" in str(system.content)
+
+    reasoning = model_limits(classify.QueryClass, cap)["reasoning"]
+    system, _user = classify.CLASSIFY.render(
+        question="q", **prompt_values(classify.QueryClass, cap, classify.CLASSIFY.fields)
+    )
+    assert f"(at most {reasoning.chars} characters)" in str(system.content)
+
+
+def test_rule_steps_state_the_schemas_own_bounds() -> None:
+    """Without a cap (a rule step costed as if its prompt were sent) the schema's own bounds."""
+    system, _user = generate.GENERATE.render(**generate.prompt_values("q", DOCS, ()))
+    assert f"at most {generate.MAX_ANSWER_CHARS} characters" in str(system.content)
