@@ -77,8 +77,8 @@ def render(result: AskResult) -> str:
             f"  hop {hop.hop}: {len(hop.queries)} query(ies), {hop.new_documents} new, "
             f"{hop.duplicate_documents} duplicate{decision}"
         )
-    if result.timed_out:
-        lines.append(f"  time limit reached: {result.stop_reason}")
+    if result.limit_note:
+        lines.append(f"  {result.limit_note}")
     if result.request_id:
         lines.append(f"  request {result.request_id}")
     for usage in result.usage:

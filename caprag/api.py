@@ -48,6 +48,7 @@ from caprag.errors import (
 from caprag.schemas import CallUsage, Source
 from caprag.services import (
     MAX_QUESTION_CHARS,
+    AnswerStatus,
     AskResult,
     Pipeline,
     PowerError,
@@ -111,6 +112,11 @@ class AskResponse(BaseModel):
     )
     stop_reason: str | None = Field(
         description="How retrieval stopped (the last round's decision), or timeout:<step>."
+    )
+    answer_status: AnswerStatus = Field(
+        description="generated (retrieval finished in its limit); generated_after_cut "
+        "(retrieval's limit cut it: the answer is from what was found by then); not_generated "
+        "(no answer: the answer says why)."
     )
     decision_log: DecisionRecord | None = Field(
         description="What the decision log keeps of this request: rounds, steps, stop reason."

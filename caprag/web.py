@@ -222,10 +222,8 @@ def turn(result: AskResult) -> str:
         for note in (last.warning, last.hint):
             if note:
                 adaptive += f'<div class="trace error">{escape(note)}</div>'
-    if result.timed_out:
-        adaptive += (
-            f'<div class="trace error">time limit reached: {escape(result.stop_reason or "")}</div>'
-        )
+    if result.limit_note:
+        adaptive += f'<div class="trace error">{escape(result.limit_note)}</div>'
     feedback = feedback_control(result.request_id) if result.request_id else ""
 
     no_answer = ""

@@ -21,7 +21,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -290,6 +290,7 @@ class StubServer:
         port: int = 0,
         hold_until: int = 0,
         hold_s: float = HOLD_S,
+        on_request: Callable[[Mapping[str, Any]], None] | None = None,
     ) -> None:
         self.script: deque[Reply] = deque(script)
         """Replies still to give, in order."""
@@ -303,6 +304,9 @@ class StubServer:
         self.hold_s = hold_s
         """The longest a request is held (a hang guard); after one hold runs out no other is
         held."""
+        self.on_request = on_request
+        """Called in the request's thread before its reply is sent (after `latency_s`): a test
+        moves its own clock there, so a scripted latency costs no real time."""
         self.in_flight = 0
         self.max_in_flight = 0
         """The most chat completions being answered at one moment."""
@@ -448,6 +452,8 @@ def _handler(stub: StubServer) -> type[BaseHTTPRequestHandler]:
                 delay = stub.delay_s(body)
                 if delay > 0:
                     stub.stopped.wait(delay)
+                if stub.on_request is not None:
+                    stub.on_request(body)
                 if response.hang:
                     stub.stopped.wait()
                     self.close_connection = True
