@@ -10,7 +10,8 @@ and `usage` in every reply.
    allowance); its tokens are the stub's reported `usage` and its cost is priced from them.
 2. A harness run per strategy (`llm=openai judge=openai`, a few questions) against it: every
    question of the offline run of the same config exactly once, every call's tokens from `usage`.
-3. Over both: after every 429 the next request waited at least its `Retry-After`.
+3. Over both: every request refused with 429 was retried (the same body again), no sooner than
+   its `Retry-After`.
 
 Exit 1 (each problem on one line) when a check fails.
 """
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import os
 import sys
 import tempfile
@@ -150,15 +150,20 @@ def harness(stub: StubServer, strategy: str, folder: Path) -> tuple[list[str], i
 
 
 def retry_after_problems(stub: StubServer) -> list[str]:
-    """Every 429's next request came at least its Retry-After later (requests are sequential:
-    one conversation turn, one harness question at a time)."""
+    """Every 429 was retried (the next request with the same body) no sooner than its
+    Retry-After, and retried at all."""
     problems = []
     log = sorted(stub.log, key=lambda entry: entry["arrived"])
-    for entry, after in itertools.pairwise(log):
-        if entry["status"] == 429:
-            waited = after["arrived"] - entry["arrived"]
-            if waited < float(entry["retry_after"]):
-                problems.append(f"a 429 asked {entry['retry_after']} s; retried after {waited:.3f}")
+    for index, entry in enumerate(log):
+        if entry["status"] != 429:
+            continue
+        retry = next((e for e in log[index + 1 :] if e["body"] == entry["body"]), None)
+        if retry is None:
+            problems.append("a request refused with 429 was never retried")
+            continue
+        waited = retry["arrived"] - entry["arrived"]
+        if waited < float(entry["retry_after"]):
+            problems.append(f"a 429 asked {entry['retry_after']} s; retried after {waited:.3f}")
     return problems
 
 

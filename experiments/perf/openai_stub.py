@@ -356,7 +356,8 @@ class StubServer:
         self.faults = faults
         """429s and bursts of 500s among the replies the script does not give."""
         self.log: list[dict[str, Any]] = []
-        """Every chat completion: arrival (monotonic s), status, the usage it reported."""
+        """Every chat completion: arrival (monotonic s), its body (JSON), status, Retry-After,
+        the usage it reported."""
         self.in_flight = 0
         self.max_in_flight = 0
         """The most chat completions being answered at one moment."""
@@ -399,13 +400,14 @@ class StubServer:
             fault = self.faults.reply(self.requests) if self.faults is not None else None
             return fault if fault is not None else self.default
 
-    def record(self, response: Response, arrived: float) -> None:
+    def record(self, response: Response, arrived: float, body: Mapping[str, Any]) -> None:
         """Keep one answered request in `log` (what a provider's bill and limits rest on)."""
         payload = response.payload if isinstance(response.payload, dict) else {}
         with self._lock:
             self.log.append(
                 {
                     "arrived": arrived,
+                    "body": json.dumps(body, sort_keys=True),
                     "status": response.status,
                     "retry_after": response.headers.get("retry-after"),
                     "usage": payload.get("usage"),
@@ -539,12 +541,12 @@ def _handler(stub: StubServer) -> type[BaseHTTPRequestHandler]:
             try:
                 delay = stub.delay_s(body)
                 if stub.profile is not None and response.status == 200:
-                    stub.record(response, arrived)
+                    stub.record(response, arrived, body)
                     stub.stopped.wait(stub.profile.first_byte_s)
                     send_slowly(self, response, delay - stub.profile.first_byte_s, stub.stopped)
                     return
                 if stub.profile is not None or stub.faults is not None:
-                    stub.record(response, arrived)
+                    stub.record(response, arrived, body)
                 if delay > 0 and not (stub.profile is not None and response.status != 200):
                     stub.stopped.wait(delay)
                 if stub.on_request is not None:
