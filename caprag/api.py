@@ -104,7 +104,7 @@ class AskResponse(BaseModel):
     )
     prompt_tokens: int
     completion_tokens: int
-    cost_usd: float
+    cost_usd: float | None = Field(description="USD; null when a model's price is unknown.")
     latency_s: float
     request_id: str = Field(description="Send it to POST /api/feedback to rate this answer.")
     timed_out: bool = Field(

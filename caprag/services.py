@@ -40,6 +40,7 @@ from caprag.decision_log import (
 from caprag.errors import CapragError, EmptyQuestionError
 from caprag.graph import HISTORY_PAIRS, build_graph
 from caprag.llm import StructuredClient, build_openai_client
+from caprag.llm.usage import total_cost
 from caprag.schemas import CallUsage, Document, Source
 from caprag.state import GraphState
 from caprag.steps import ROLES, Steps, build_steps
@@ -79,7 +80,9 @@ class AskResult(BaseModel):
     timings: dict[str, float] = Field(default_factory=dict, description="Seconds per node.")
     prompt_tokens: int
     completion_tokens: int
-    cost_usd: float
+    cost_usd: float | None = Field(
+        description="USD of every call; None when a model's price is unknown (never 0)."
+    )
     latency_s: float
     request_id: str = Field(default="", description="The id feedback on this answer refers to.")
     timed_out: bool = Field(default=False, description="The request's time limit cut a step.")
@@ -101,6 +104,12 @@ class AskResult(BaseModel):
         """Why there is no answer, when the generator's reply could not be used."""
         failed = [u for u in self.usage if u.step == "generate" and u.error]
         return f"generate: {failed[-1].error}" if failed else None
+
+    @property
+    def cost_text(self) -> str:
+        """The cost for a reader: dollars, or 'cost unknown' (a model missing from the price
+        table; never shown as $0)."""
+        return "cost unknown" if self.cost_usd is None else f"${self.cost_usd:.6f}"
 
     @property
     def limit_note(self) -> str | None:
@@ -450,7 +459,7 @@ class Pipeline:
             timings=state.timings,
             prompt_tokens=sum(u.prompt_tokens for u in usage),
             completion_tokens=sum(u.completion_tokens for u in usage),
-            cost_usd=sum(u.cost_usd for u in usage),
+            cost_usd=total_cost(u.cost_usd for u in usage),
             latency_s=time.perf_counter() - start,
             request_id=record.request_id,
             timed_out=bool(deadline.cuts),

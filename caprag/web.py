@@ -236,6 +236,6 @@ def turn(result: AskResult) -> str:
         f"{no_answer}"
         f"{sources_view(result.sources)}"
         f'<div class="trace">{result.hop_count} hop(s) · {tokens} tokens · '
-        f"${result.cost_usd:.6f} · {result.latency_s:.2f} s · {escape(hops)}</div>"
+        f"{result.cost_text} · {result.latency_s:.2f} s · {escape(hops)}</div>"
         f"{adaptive}{feedback}</div>"
     )

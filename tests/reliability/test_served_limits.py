@@ -185,3 +185,25 @@ async def test_no_answer_in_the_generation_allowance_says_so(
         "No answer was generated: the 1 s generation allowance ran out (retrieval finished)"
     )
     assert "no answer generated" in page.text
+
+
+async def test_a_model_missing_from_the_price_table_costs_unknown_not_0(
+    fixture_index: PassageIndex,
+) -> None:
+    """Issue 31, point 5: the API, the CLI and the decision log say the cost is unknown."""
+    with StubServer() as server:
+        steps = openai_steps("my-finetune-7b", api_key="sk-test", base_url=server.base_url)
+        pipeline = Pipeline(
+            MultiHopStrategy(fixture_index, steps, max_hops=1),
+            steps,
+            decision_log=DecisionLog(":memory:"),
+        )
+        async with api(create_app(pipeline)) as client:
+            response = await client.post("/api/ask", json={"question": QUESTION})
+        result = await asyncio.wait_for(pipeline.ask(QUESTION), HANG_S)
+    data = response.json()
+    assert response.status_code == 200, data
+    assert data["cost_usd"] is None and data["prompt_tokens"] > 0
+    assert all(u["cost_usd"] is None for u in data["usage"] if u["model"] == "my-finetune-7b")
+    assert result.cost_usd is None and "cost unknown" in render(result)
+    assert result.decision_log is not None and result.decision_log.cost_usd is None
