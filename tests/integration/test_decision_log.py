@@ -42,7 +42,9 @@ class Unsure:
     kind = "rule"
     model = "offline"
 
-    async def __call__(self, question: str, documents: Any) -> StepResult[ConfidenceAssessment]:
+    async def __call__(
+        self, question: str, documents: Any, **_: Any
+    ) -> StepResult[ConfidenceAssessment]:
         return StepResult(value=ConfidenceAssessment(confidence=0.1), usage=None)
 
 
