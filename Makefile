@@ -6,7 +6,7 @@ export DO_NOT_TRACK := true
 export ANONYMIZED_TELEMETRY := False
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup setup-local-llm setup-cluster run demo test test-cluster cluster-demo lint format bench gate mlflow serve loadtest dashboard e2e-local clean
+.PHONY: setup setup-local-llm setup-cluster run demo test test-cluster cluster-demo lint format bench gate mlflow serve loadtest dashboard e2e-local e2e-provider clean
 
 setup:
 	@command -v uv >/dev/null 2>&1 || python3 -m pip install --quiet uv
@@ -75,6 +75,9 @@ bench: setup  ## measured numbers, written to reports/bench.md
 
 e2e-local: setup-local-llm  ## the real-model path on llama.cpp + SmolLM2-135M, 127.0.0.1 (reports/local-llm.md)
 	$(PY) -m experiments.perf.e2e_local
+
+e2e-provider: setup  ## the API (every strategy, 3 turns) and a harness run (every strategy, judge=openai) against a provider-like stub: latency profile, 429 + Retry-After, 500 bursts, usage
+	$(PY) -m experiments.perf.e2e_provider
 
 clean:
 	rm -rf .caprag mlruns mlruns.db multirun outputs

@@ -46,7 +46,7 @@ def render(result: AskResult) -> str:
         f"Strategy {result.strategy}: {result.hop_count} hop(s), "
         f"{result.prompt_tokens + result.completion_tokens} tokens "
         f"({result.prompt_tokens} prompt + {result.completion_tokens} completion), "
-        f"${result.cost_usd:.6f}, {result.latency_s:.2f}s, thread {result.thread_id}"
+        f"{result.cost_text}, {result.latency_s:.2f}s, thread {result.thread_id}"
     )
     record = result.decision_log
     if record is not None and record.ladder is not None:
@@ -78,8 +78,8 @@ def render(result: AskResult) -> str:
             f"  hop {hop.hop}: {len(hop.queries)} query(ies), {hop.new_documents} new, "
             f"{hop.duplicate_documents} duplicate{decision}"
         )
-    if result.timed_out:
-        lines.append(f"  time limit reached: {result.stop_reason}")
+    if result.limit_note:
+        lines.append(f"  {result.limit_note}")
     if result.request_id:
         lines.append(f"  request {result.request_id}")
     for usage in result.usage:

@@ -51,6 +51,7 @@ from caprag.schemas import CallUsage, Source
 from caprag.secrets import install_log_redaction, redact
 from caprag.services import (
     MAX_QUESTION_CHARS,
+    AnswerStatus,
     AskResult,
     Pipeline,
     PowerError,
@@ -106,7 +107,7 @@ class AskResponse(BaseModel):
     )
     prompt_tokens: int
     completion_tokens: int
-    cost_usd: float
+    cost_usd: float | None = Field(description="USD; null when a model's price is unknown.")
     latency_s: float
     request_id: str = Field(description="Send it to POST /api/feedback to rate this answer.")
     timed_out: bool = Field(
@@ -114,6 +115,11 @@ class AskResponse(BaseModel):
     )
     stop_reason: str | None = Field(
         description="How retrieval stopped (the last round's decision), or timeout:<step>."
+    )
+    answer_status: AnswerStatus = Field(
+        description="generated (retrieval finished in its limit); generated_after_cut "
+        "(retrieval's limit cut it: the answer is from what was found by then); not_generated "
+        "(no answer: the answer says why)."
     )
     decision_log: DecisionRecord | None = Field(
         description="What the decision log keeps of this request: rounds, steps, stop reason."

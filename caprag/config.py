@@ -177,11 +177,19 @@ class SettingsFields(BaseSettings):
         description="Comma-separated host names (name or name:port) the API answers besides "
         "127.0.0.1, localhost and [::1] at its own port.",
     )
-    request_timeout_s: float | None = Field(
+    request_timeout_s: float | Literal["off"] | None = Field(
+        None,
+        validation_alias=AliasChoices("CAPRAG_REQUEST_TIMEOUT_S", "request_timeout_s"),
+        description="Limit of a served turn's retrieval (waiting for the thread, rewrite, every "
+        "search and retrieval step); unset: the strategy's own (adaptive 5 s, the others their "
+        "LLM-call bound at a hosted model's p95); 'off': none.",
+    )
+    generation_timeout_s: float = Field(
         5.0,
         gt=0,
-        validation_alias=AliasChoices("CAPRAG_REQUEST_TIMEOUT_S", "request_timeout_s"),
-        description="Hard limit of one served turn, every step included ('off': none).",
+        validation_alias=AliasChoices("CAPRAG_GENERATION_TIMEOUT_S", "generation_timeout_s"),
+        description="Allowance of a served turn's generation, counted from the end of retrieval "
+        "(one call at a hosted model's p95 of 3 s + 2 s margin).",
     )
     power: PowerChoice = Field(
         2,
@@ -243,7 +251,16 @@ class SettingsFields(BaseSettings):
     @field_validator("request_timeout_s", mode="before")
     @classmethod
     def _timeout_off(cls, value: Any) -> Any:
-        return None if isinstance(value, str) and value.strip().lower() == "off" else value
+        if isinstance(value, str) and value.strip().lower() == "off":
+            return "off"
+        return value
+
+    @field_validator("request_timeout_s")
+    @classmethod
+    def _timeout_positive(cls, value: float | str | None) -> float | str | None:
+        if isinstance(value, float) and value <= 0:
+            raise ValueError("the limit must be above 0 seconds (or 'off')")
+        return value
 
     @field_validator("power", mode="before")
     @classmethod

@@ -1,7 +1,9 @@
-"""A served request's hard time limit (`CAPRAG_REQUEST_TIMEOUT_S`, 5 s by default).
+"""A served request's time limits: retrieval's (`CAPRAG_REQUEST_TIMEOUT_S`, per strategy by
+default) and generation's allowance (`CAPRAG_GENERATION_TIMEOUT_S`).
 
-The whole turn (waiting for the thread's previous turn, rewrite, every retrieval step, generation)
-runs under one bound read from a `Clock`; each step the pipeline calls goes through a wrapper that
+Retrieval (waiting for the thread's previous turn, rewrite, every retrieval step) runs under one
+bound read from a `Clock`, generation under a second one counted from the end of retrieval; each
+step the pipeline calls goes through a wrapper that
 records when it started and ended, so when the bound fires the request knows which step it cut and
 what retrieval had found by then. The wrappers find the current request through a context
 variable: code outside a served request (the harness) runs them as plain calls.
@@ -25,6 +27,22 @@ from caprag.steps import ROLES, Steps
 
 T = TypeVar("T")
 
+HOSTED_P95_S = 3.0
+"""A hosted model's 95th-percentile latency of one structured reply, in seconds: what a served
+limit allows per LLM call."""
+
+MARGIN_S = 2.0
+"""What a turn spends besides its LLM calls (searches, waiting for the thread, the network)."""
+
+
+def served_limit_s(llm_calls: int) -> float:
+    """A limit that covers `llm_calls` calls at a hosted model's p95, plus the margin."""
+    return llm_calls * HOSTED_P95_S + MARGIN_S
+
+
+GENERATION_ALLOWANCE_S = served_limit_s(1)
+"""The default generation allowance: one call (5 s)."""
+
 
 class RequestTimeoutError(CapragError):
     """A request ran out of its time limit before anything usable was found (the API: 504)."""
@@ -46,6 +64,9 @@ class Deadline:
         self.found: list[Document] = []
         """Every passage a search returned so far, in the order found."""
         self.cut_step: str | None = None
+        """The step the last cut stopped (None: nothing was cut)."""
+        self.cuts: list[str] = []
+        """Every step a bound cut, in order (retrieval's, then generation's)."""
         self._lock = threading.Lock()  # searches record from worker threads
 
     def elapsed(self) -> float:
@@ -68,9 +89,9 @@ class Deadline:
         record.latency_s = round(self.elapsed() - record.started_s, 6)
 
     def running(self) -> list[StepTime]:
-        """Steps started and not finished."""
+        """Steps started and neither finished nor cut."""
         with self._lock:
-            return [s for s in self.steps if s.latency_s is None]
+            return [s for s in self.steps if s.latency_s is None and not s.cut]
 
     def add_found(self, documents: list[Document]) -> None:
         """Keep what a search returned (a partial answer lists it)."""
@@ -82,13 +103,24 @@ class Deadline:
         one still running: the last started)."""
         if self.seconds is None:
             return await awaitable
+        return await self._bounded(awaitable, self.seconds - self.elapsed())
+
+    async def run_within(self, awaitable: Awaitable[T], seconds: float | None) -> T:
+        """Await a further phase (generation) within `seconds` counted from now (None: no
+        bound); a cut is marked as `run` marks it."""
+        if seconds is None:
+            return await awaitable
+        return await self._bounded(awaitable, seconds)
+
+    async def _bounded(self, awaitable: Awaitable[T], seconds: float) -> T:
         try:
-            return await self.clock.bounded(awaitable, self.seconds - self.elapsed())
+            return await self.clock.bounded(awaitable, seconds)
         except TimeoutError:
             running = self.running()
             for record in running:
                 record.cut = True
             self.cut_step = running[-1].step if running else "pipeline"
+            self.cuts.append(self.cut_step)
             raise
 
 

@@ -86,7 +86,7 @@ class Round(BaseModel):
     latency_s: float = 0.0
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    cost_usd: float = 0.0
+    cost_usd: float | None = 0.0  # None: a model's price is unknown
 
     @field_validator("queries", mode="before")
     @classmethod
@@ -152,7 +152,7 @@ class DecisionRecord(BaseModel):
     steps: list[StepTime] = Field(default_factory=list)
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    cost_usd: float = 0.0
+    cost_usd: float | None = 0.0  # None: a model's price is unknown
     latency_s: float = 0.0
     feedback: Feedback | None = None
 

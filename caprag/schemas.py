@@ -81,7 +81,9 @@ class CallUsage(BaseModel):
     model: str
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    cost_usd: float = 0.0
+    cost_usd: float | None = Field(
+        default=0.0, description="None: the model is not in the price table (unknown, never 0)."
+    )
     latency_s: float = 0.0
     started_at: float | None = Field(
         default=None,

@@ -10,7 +10,7 @@ import unicodedata
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
 from langchain_core.messages import AnyMessage, HumanMessage
 from langgraph.checkpoint.base import BaseCheckpointSaver
@@ -24,6 +24,7 @@ from caprag.deadline import (
     CURRENT,
     Deadline,
     RequestTimeoutError,
+    served_limit_s,
     timed_retriever,
     timed_steps,
 )
@@ -39,6 +40,7 @@ from caprag.decision_log import (
 from caprag.errors import CapragError, EmptyQuestionError
 from caprag.graph import HISTORY_PAIRS, build_graph
 from caprag.llm import StructuredClient
+from caprag.llm.usage import total_cost
 from caprag.schemas import CallUsage, Document, Source
 from caprag.state import GraphState
 from caprag.steps import ROLES, Steps, build_steps
@@ -46,6 +48,10 @@ from caprag.strategies import STRATEGIES, RetrievalStrategy, Retriever
 from caprag.trace import HopTrace
 
 MAX_QUESTION_CHARS = 4000
+
+AnswerStatus = Literal["generated", "generated_after_cut", "not_generated"]
+"""Whether a turn's answer was written by the generator: with retrieval finished, from what a
+retrieval cut by its limit had found, or not at all."""
 
 DEFAULT_POWER: PowerChoice = 2
 """The design's default: fixed depth 2 when a request chooses neither auto nor a power."""
@@ -74,10 +80,17 @@ class AskResult(BaseModel):
     timings: dict[str, float] = Field(default_factory=dict, description="Seconds per node.")
     prompt_tokens: int
     completion_tokens: int
-    cost_usd: float
+    cost_usd: float | None = Field(
+        description="USD of every call; None when a model's price is unknown (never 0)."
+    )
     latency_s: float
     request_id: str = Field(default="", description="The id feedback on this answer refers to.")
     timed_out: bool = Field(default=False, description="The request's time limit cut a step.")
+    answer_status: AnswerStatus = Field(
+        default="generated",
+        description="generated; generated_after_cut (retrieval's limit cut it, generation ran on "
+        "what was found); not_generated (the answer says why).",
+    )
     stop_reason: str | None = Field(
         default=None,
         description="How retrieval stopped, or timeout:<step> when the time limit cut it.",
@@ -91,6 +104,28 @@ class AskResult(BaseModel):
         """Why there is no answer, when the generator's reply could not be used."""
         failed = [u for u in self.usage if u.step == "generate" and u.error]
         return f"generate: {failed[-1].error}" if failed else None
+
+    @property
+    def cost_text(self) -> str:
+        """The cost for a reader: dollars, or 'cost unknown' (a model missing from the price
+        table; never shown as $0)."""
+        return "cost unknown" if self.cost_usd is None else f"${self.cost_usd:.6f}"
+
+    @property
+    def limit_note(self) -> str | None:
+        """What the time limits did to the turn, in words (None: nothing was cut)."""
+        if not self.timed_out:
+            return None
+        if self.answer_status == "generated_after_cut":
+            return (
+                f"retrieval cut by its {self._limit()} ({self.stop_reason}); answer generated "
+                f"from the {len(self.context)} passages found by then"
+            )
+        return f"time limit reached ({self.stop_reason}): no answer generated"
+
+    def _limit(self) -> str:
+        seconds = self.decision_log.timeout_s if self.decision_log else None
+        return "time limit" if seconds is None else f"{seconds:g} s limit"
 
     @property
     def hop_count(self) -> int:
@@ -222,6 +257,7 @@ class Pipeline:
         rewrite_follow_ups: bool = True,
         history_window: int = HISTORY_PAIRS,
         timeout_s: float | None = None,
+        generation_timeout_s: float | None = None,
         clock: Clock | None = None,
         decision_log: DecisionLog | None = None,
         default_power: PowerChoice = DEFAULT_POWER,
@@ -232,7 +268,12 @@ class Pipeline:
         self.strategy = strategy
         self.steps = timed_steps(steps)
         self.timeout_s = timeout_s
-        """The hard limit of one turn (None: no limit; `build_pipeline` uses the settings')."""
+        """The limit of one turn's retrieval, or of the whole turn when there is no generation
+        allowance (None: no limit; `build_pipeline` uses `served_limits`)."""
+        self.generation_timeout_s = generation_timeout_s
+        """Generation's own allowance, counted from the end of retrieval: a retrieval cut by
+        its limit still answers from what it found (None: generation counts against
+        `timeout_s`, and a cut turn answers with the passages only)."""
         self.clock = clock
         """What the limit reads (None: the real clock; tests pass one they move)."""
         self.decision_log = decision_log
@@ -359,16 +400,27 @@ class Pipeline:
         start = time.perf_counter()
         deadline = Deadline(self.timeout_s, self.clock)
         done: dict[str, Any] = {}
+        phased = self.timeout_s is not None and self.generation_timeout_s is not None
         token = CURRENT.set(deadline)
         try:
-            await deadline.run(self._turn(graph, text, thread, power, done))
+            async with contextlib.AsyncExitStack() as held:  # the thread's lock, both phases
+                try:
+                    await deadline.run(self._turn(graph, held, text, thread, power, done, phased))
+                except TimeoutError:
+                    if deadline.cut_step is None:
+                        raise  # a step's own TimeoutError, not the limit's
+                if phased and (not deadline.cuts or self._found(deadline)):
+                    with contextlib.suppress(TimeoutError):  # marked in deadline.cuts
+                        await deadline.run_within(
+                            self._generate(graph, thread, deadline, done),
+                            self.generation_timeout_s,
+                        )
         except Exception as exc:
-            if not isinstance(exc, TimeoutError) or deadline.cut_step is None:
-                # A failed turn (not the limit's doing) is logged, then reported as before.
-                record.status, record.stop_reason = "error", f"error:{type(exc).__name__}"
-                record.steps = [s.model_copy() for s in deadline.steps]
-                await self._log(record)
-                raise
+            # A failed turn (not the limit's doing) is logged, then reported as before.
+            record.status, record.stop_reason = "error", f"error:{type(exc).__name__}"
+            record.steps = [s.model_copy() for s in deadline.steps]
+            await self._log(record)
+            raise
         finally:
             CURRENT.reset(token)
         record.steps = [s.model_copy() for s in deadline.steps]
@@ -383,18 +435,14 @@ class Pipeline:
         record.stop_reason = stop_reason(state.hops)
         answer, sources = "", state.answer.sources if state.answer else []
         status: Status = "answered"
-        if deadline.cut_step is not None:
-            record.stop_reason = f"timeout:{deadline.cut_step}"
-            found = state.context or unique(deadline.found)[: self.strategy.k]
+        if deadline.cuts:
+            record.stop_reason = f"timeout:{deadline.cuts[0]}"
+            found = state.context or self._found(deadline)
             if state.answer is not None:
                 answer = state.answer.answer
             elif found:
                 status = "partial"
-                answer = (
-                    f"No answer was written within the {self.timeout_s:g} s time limit "
-                    f"(cut during {deadline.cut_step}); the passages found so far are listed "
-                    "as sources."
-                )
+                answer = self._not_generated(deadline)
                 sources = [Source.of(doc) for doc in found]
             else:
                 status = "timeout"
@@ -414,12 +462,15 @@ class Pipeline:
             timings=state.timings,
             prompt_tokens=sum(u.prompt_tokens for u in usage),
             completion_tokens=sum(u.completion_tokens for u in usage),
-            cost_usd=sum(u.cost_usd for u in usage),
+            cost_usd=total_cost(u.cost_usd for u in usage),
             latency_s=time.perf_counter() - start,
             request_id=record.request_id,
-            timed_out=deadline.cut_step is not None,
+            timed_out=bool(deadline.cuts),
+            answer_status="generated_after_cut" if deadline.cuts else "generated",
             stop_reason=record.stop_reason,
         )
+        if state.answer is None or result.answer_error:
+            result.answer_status = "not_generated"
         if status == "answered" and result.answer_error:
             status = "no_answer"
         record.status = status
@@ -433,7 +484,7 @@ class Pipeline:
         if status == "timeout":
             raise RequestTimeoutError(
                 f"the request took longer than its {self.timeout_s:g} s limit "
-                f"(cut during {deadline.cut_step}) before any passage was found "
+                f"(cut during {deadline.cuts[0]}) before any passage was found "
                 "(CAPRAG_REQUEST_TIMEOUT_S)",
                 request_id=record.request_id,
                 stop_reason=record.stop_reason or "timeout",
@@ -441,23 +492,85 @@ class Pipeline:
         return result
 
     async def _turn(
-        self, graph: Any, text: str, thread: str, power: int | None, done: dict[str, Any]
+        self,
+        graph: Any,
+        held: contextlib.AsyncExitStack,
+        text: str,
+        thread: str,
+        power: int | None,
+        done: dict[str, Any],
+        pause: bool,
     ) -> None:
-        """Run the graph for one turn, keeping each node's output in `done` as it finishes
-        (so a turn cut by its time limit still has what the finished nodes made)."""
+        """Run the graph for one turn (`pause`: up to generation), keeping each node's output in
+        `done` as it finishes (so a turn cut by its time limit still has what the finished nodes
+        made); the thread's lock is taken into `held`, which the caller releases."""
         deadline = CURRENT.get()
         assert deadline is not None
-        async with contextlib.AsyncExitStack() as stack:
-            with deadline.step("wait_for_thread"):
-                await stack.enter_async_context(self.locks.hold(thread))
-            async for update in graph.astream(
-                {"question": text, "messages": [HumanMessage(text)], "power": power},
-                {"configurable": {"thread_id": thread}},
-                stream_mode="updates",
-            ):
-                for values in update.values():
-                    timings = {**done.get("timings", {}), **values.pop("timings", {})}
-                    done.update(values, timings=timings)
+        with deadline.step("wait_for_thread"):
+            await held.enter_async_context(self.locks.hold(thread))
+        await self._stream(
+            graph,
+            {"question": text, "messages": [HumanMessage(text)], "power": power},
+            thread,
+            done,
+            interrupt_before=["generate"] if pause else None,
+        )
+
+    async def _generate(
+        self, graph: Any, thread: str, deadline: Deadline, done: dict[str, Any]
+    ) -> None:
+        """Run generation, paused for by `_turn`; after a retrieval cut by its limit, on the
+        passages found by then (recorded as retrieval's output, so the conversation's memory
+        keeps the answer like any other)."""
+        config = {"configurable": {"thread_id": thread}}
+        if deadline.cuts:
+            found = self._found(deadline)
+            await graph.aupdate_state(config, {"context": found}, as_node="retrieve")
+            done["context"] = found
+        await self._stream(graph, None, thread, done)
+
+    @staticmethod
+    async def _stream(
+        graph: Any,
+        values: dict[str, Any] | None,
+        thread: str,
+        done: dict[str, Any],
+        interrupt_before: list[str] | None = None,
+    ) -> None:
+        """Stream the graph's node updates into `done` (None: resume where it paused)."""
+        async for update in graph.astream(
+            values,
+            {"configurable": {"thread_id": thread}},
+            stream_mode="updates",
+            interrupt_before=interrupt_before,
+        ):
+            for node, output in update.items():
+                if node.startswith("__") or not isinstance(output, dict):
+                    continue  # the pause before generation, not a node's output
+                timings = {**done.get("timings", {}), **output.pop("timings", {})}
+                done.update(output, timings=timings)
+
+    def _found(self, deadline: Deadline) -> list[Document]:
+        """What a cut retrieval's searches had returned, the first k (none: an empty list)."""
+        return unique(deadline.found)[: self.strategy.k]
+
+    def _not_generated(self, deadline: Deadline) -> str:
+        """The answer of a turn whose time ran out before an answer was written."""
+        if self.generation_timeout_s is None:
+            return (
+                f"No answer was written within the {self.timeout_s:g} s time limit "
+                f"(cut during {deadline.cuts[0]}); the passages found so far are listed "
+                "as sources."
+            )
+        retrieval = (
+            f"retrieval was cut by its {self.timeout_s:g} s limit during {deadline.cuts[0]}"
+            if deadline.cuts[0] != "generate"
+            else "retrieval finished"
+        )
+        return (
+            f"No answer was generated: the {self.generation_timeout_s:g} s generation allowance "
+            f"ran out ({retrieval}); the passages found are listed as sources."
+        )
 
     async def _log(self, record: DecisionRecord) -> None:
         """Write a turn's record to the decision log, if there is one."""
@@ -521,15 +634,38 @@ def build_pipeline(
     opener = functools.partial(
         open_checkpointer, settings.checkpointer, retention_from_settings(settings)
     )
+    retrieval_s, generation_s = served_limits(strategy, settings)
     return Pipeline(
         strategy,
         steps,
         checkpointer=checkpointer,
         open_saver=None if checkpointer is not None else opener,
-        timeout_s=settings.request_timeout_s,
+        timeout_s=retrieval_s,
+        generation_timeout_s=generation_s,
         decision_log=decision_log_from_settings(settings),
         default_power=settings.power,
     )
+
+
+def served_limits(
+    strategy: RetrievalStrategy, settings: Settings
+) -> tuple[float | None, float | None]:
+    """A served turn's retrieval limit and generation allowance, in seconds (None: no limit).
+
+    Retrieval: `CAPRAG_REQUEST_TIMEOUT_S` when set, else the strategy's own (`served_retrieval_s`:
+    adaptive 5 s), else its LLM-call bound (`max_llm_calls`, plus the rewrite of a follow-up) at
+    a hosted model's p95 of 3 s per call, plus 2 s for searches and waiting: single 5 s,
+    multi-question 8 s, multi-hop 11 s (3 hops: 2 analyses). Generation:
+    `CAPRAG_GENERATION_TIMEOUT_S` (5 s: one call at p95 + 2 s), counted from the end of retrieval.
+    """
+    if settings.request_timeout_s == "off":
+        return None, None
+    if isinstance(settings.request_timeout_s, float):
+        return settings.request_timeout_s, settings.generation_timeout_s
+    if strategy.served_retrieval_s is not None:
+        return strategy.served_retrieval_s, settings.generation_timeout_s
+    calls = 1 + sum((strategy.max_llm_calls() or {}).values())  # + a follow-up's rewrite
+    return served_limit_s(calls), settings.generation_timeout_s
 
 
 def decision_log_from_settings(settings: Settings) -> DecisionLog:

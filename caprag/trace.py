@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from caprag.llm.usage import total_cost
 from caprag.schemas import CallUsage, RetrievedRef
 from caprag.steps.analyze import SufficiencyDecision
 
@@ -62,6 +63,6 @@ class HopTrace(BaseModel):
         return sum(u.completion_tokens for u in self.usage)
 
     @property
-    def cost_usd(self) -> float:
-        """Cost of this hop's LLM calls."""
-        return sum(u.cost_usd for u in self.usage)
+    def cost_usd(self) -> float | None:
+        """Cost of this hop's LLM calls (None: a model's price is unknown)."""
+        return total_cost(u.cost_usd for u in self.usage)

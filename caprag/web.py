@@ -262,10 +262,8 @@ def turn(result: AskResult) -> str:
         for note in (last.warning, last.hint):
             if note:
                 adaptive += f'<div class="trace error">{escape(note)}</div>'
-    if result.timed_out:
-        adaptive += (
-            f'<div class="trace error">time limit reached: {escape(result.stop_reason or "")}</div>'
-        )
+    if result.limit_note:
+        adaptive += f'<div class="trace error">{escape(result.limit_note)}</div>'
     feedback = feedback_control(result.request_id) if result.request_id else ""
 
     no_answer = ""
@@ -278,6 +276,6 @@ def turn(result: AskResult) -> str:
         f"{no_answer}"
         f"{sources_view(result.sources)}"
         f'<div class="trace">{result.hop_count} hop(s) · {tokens} tokens · '
-        f"${result.cost_usd:.6f} · {result.latency_s:.2f} s · {escape(hops)}</div>"
+        f"{result.cost_text} · {result.latency_s:.2f} s · {escape(hops)}</div>"
         f"{adaptive}{feedback}</div>"
     )

@@ -28,7 +28,7 @@ from caprag.errors import LLMCallError, LLMTimeoutError, StructuredOutputError
 from caprag.llm.budget import model_schema, prompt_values
 from caprag.llm.cache import ResponseCache, cache_key
 from caprag.llm.prompt import Prompt, as_sent
-from caprag.llm.usage import count_tokens, price
+from caprag.llm.usage import count_tokens, price, total_cost
 from caprag.schemas import CallUsage
 from caprag.secrets import redact, redact_records
 
@@ -369,7 +369,7 @@ def _merged(spent: list[CallUsage]) -> CallUsage:
         update={
             "prompt_tokens": sum(u.prompt_tokens for u in spent),
             "completion_tokens": sum(u.completion_tokens for u in spent),
-            "cost_usd": sum(u.cost_usd for u in spent),
+            "cost_usd": total_cost(u.cost_usd for u in spent),
             "latency_s": sum(u.latency_s for u in spent),
             "started_at": spent[0].started_at,
             "attempts": len(spent),

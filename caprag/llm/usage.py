@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from typing import Any
 
 from caprag.embeddings import _minilm_dir
@@ -36,12 +37,23 @@ def count_tokens(text: str) -> int:
     return len(_tokenizer().encode(text, add_special_tokens=False).ids)
 
 
-def price(model: str, prompt_tokens: int, completion_tokens: int) -> float:
-    """Cost in USD from the price table; unknown models cost 0 (and say so via `known_model`)."""
+def price(model: str, prompt_tokens: int, completion_tokens: int) -> float | None:
+    """Cost in USD from the price table; None for a model the table does not have (unknown,
+    never 0: a free local server is the table's `local`)."""
     rates = PRICES.get(model) or PRICES.get(model.split("/")[-1])
     if rates is None:
-        return 0.0
+        return None
     return (prompt_tokens * rates[0] + completion_tokens * rates[1]) / 1_000_000
+
+
+def total_cost(costs: Iterable[float | None]) -> float | None:
+    """The sum of calls' costs; None (unknown) when any of them is unknown."""
+    total = 0.0
+    for cost in costs:
+        if cost is None:
+            return None
+        total += cost
+    return total
 
 
 def known_model(model: str) -> bool:

@@ -182,6 +182,7 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
     """
 
     name = "adaptive"
+    served_retrieval_s = 5.0  # the design target: adaptive retrieval answers within 5 s served
 
     def __init__(
         self,

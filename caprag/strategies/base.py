@@ -169,6 +169,9 @@ class RetrievalStrategy(ABC):
     """How the `retrieve` node gathers passages. Subclasses must implement `execute`."""
 
     name: ClassVar[str]
+    served_retrieval_s: ClassVar[float | None] = None
+    """The served limit of this strategy's retrieval, in seconds (None: derived from its LLM-call
+    bound, `max_llm_calls`, at a hosted model's p95; see `caprag.deadline.served_limit_s`)."""
 
     def __init__(self, retriever: Retriever, steps: Steps, k: int = 8) -> None:
         self.retriever = retriever

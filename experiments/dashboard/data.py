@@ -227,7 +227,7 @@ def call_line(number: int, call: CallUsage) -> str:
     """One call in one Markdown line: step, rule or model, tokens, cost, attempts, error, notes."""
     step = _escape(call.step or "?")
     tokens = f"{call.prompt_tokens} + {call.completion_tokens}"
-    cost = f"\\${call.cost_usd:.6f}"
+    cost = "cost unknown" if call.cost_usd is None else f"\\${call.cost_usd:.6f}"
     if is_rule(call):
         parts = [f"rule: no call sent · {tokens} tokens if sent · {cost} estimated"]
     else:

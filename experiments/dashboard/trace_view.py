@@ -192,7 +192,8 @@ def _render_hop(hop: HopTrace, row: QuestionRow) -> None:
     st.caption(
         f"{hop.new_documents} new, {hop.duplicate_documents} duplicate documents · "
         f"{hop.prompt_tokens} prompt + {hop.completion_tokens} completion tokens · "
-        f"${hop.cost_usd:.6f} · {hop.latency_s:.2f} s"
+        f"{'cost unknown' if hop.cost_usd is None else f'${hop.cost_usd:.6f}'} · "
+        f"{hop.latency_s:.2f} s"
     )
     st.markdown("**Queries**")
     st.markdown("\n".join(f"- {q}" for q in hop.queries) or "—")

@@ -21,6 +21,7 @@ from experiments.results.questions import GoldQuestion
 from experiments.results.row import QuestionRow
 from experiments.scoring.question import (
     Scorer,
+    cost_missing,
     score_adaptive,
     score_answer,
     score_cost,
@@ -148,6 +149,7 @@ class Evaluator:
             row.values.update(values)
             row.missing.update(missing)
         row.values.update(score_cost(result))
+        row.missing.update(cost_missing(result))
         row.values.update(score_adaptive(result))
         first = result.hops[0] if result.hops else None
         if self.gold_query_types and first is not None and first.query_type:

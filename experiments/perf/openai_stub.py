@@ -17,11 +17,12 @@ import argparse
 import dataclasses
 import json
 import math
+import random
 import re
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -271,6 +272,46 @@ def _error(message: str, kind: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind}}
 
 
+@dataclass(frozen=True)
+class LatencyProfile:
+    """A provider's latency: each reply's time drawn from a log-normal with median `p50_s` and
+    95th percentile `p95_s` (seeded, so a run draws the same times), of which the first
+    `first_byte_s` pass before the status line and headers are sent."""
+
+    p50_s: float
+    p95_s: float
+    first_byte_s: float = 0.0
+    seed: int = 0
+
+    def draws(self) -> Iterator[float]:
+        """Seconds per reply, in order."""
+        sigma = math.log(self.p95_s / self.p50_s) / 1.645 if self.p95_s > self.p50_s else 0.0
+        draw = random.Random(self.seed)
+        while True:
+            yield max(self.first_byte_s, draw.lognormvariate(math.log(self.p50_s), sigma))
+
+
+@dataclass(frozen=True)
+class Faults:
+    """A provider's refusals among replies the script does not give: every `rate_limit_every`-th
+    request a 429 with `Retry-After: retry_after_s`, and every `burst_every`-th request starts
+    `burst_length` 500s in a row (0: never)."""
+
+    rate_limit_every: int = 0
+    retry_after_s: float = 1.0
+    burst_every: int = 0
+    burst_length: int = 3
+
+    def reply(self, number: int) -> Reply | None:
+        """The fault for the `number`-th request (1-based), or None."""
+        in_burst = self.burst_every and (number - 1) % self.burst_every < self.burst_length
+        if in_burst and number > self.burst_length:  # the first requests go through
+            return {"status": 500}
+        if self.rate_limit_every and number % self.rate_limit_every == 0:
+            return {"status": 429, "retry_after": self.retry_after_s}
+        return None
+
+
 class StubServer:
     """The stub on 127.0.0.1 in a background thread; counts requests and keeps their bodies.
 
@@ -290,6 +331,9 @@ class StubServer:
         port: int = 0,
         hold_until: int = 0,
         hold_s: float = HOLD_S,
+        on_request: Callable[[Mapping[str, Any]], None] | None = None,
+        profile: LatencyProfile | None = None,
+        faults: Faults | None = None,
     ) -> None:
         self.script: deque[Reply] = deque(script)
         """Replies still to give, in order."""
@@ -303,6 +347,17 @@ class StubServer:
         self.hold_s = hold_s
         """The longest a request is held (a hang guard); after one hold runs out no other is
         held."""
+        self.on_request = on_request
+        """Called in the request's thread before its reply is sent (after `latency_s`): a test
+        moves its own clock there, so a scripted latency costs no real time."""
+        self.profile = profile
+        """Latency per reply drawn from a provider's profile (replaces `latency_s`)."""
+        self._draws = profile.draws() if profile is not None else None
+        self.faults = faults
+        """429s and bursts of 500s among the replies the script does not give."""
+        self.log: list[dict[str, Any]] = []
+        """Every chat completion: arrival (monotonic s), its body (JSON), status, Retry-After,
+        the usage it reported."""
         self.in_flight = 0
         self.max_in_flight = 0
         """The most chat completions being answered at one moment."""
@@ -340,10 +395,30 @@ class StubServer:
         with self._lock:
             self.requests += 1
             self.bodies.append(body)
-            return self.script.popleft() if self.script else self.default
+            if self.script:
+                return self.script.popleft()
+            fault = self.faults.reply(self.requests) if self.faults is not None else None
+            return fault if fault is not None else self.default
+
+    def record(self, response: Response, arrived: float, body: Mapping[str, Any]) -> None:
+        """Keep one answered request in `log` (what a provider's bill and limits rest on)."""
+        payload = response.payload if isinstance(response.payload, dict) else {}
+        with self._lock:
+            self.log.append(
+                {
+                    "arrived": arrived,
+                    "body": json.dumps(body, sort_keys=True),
+                    "status": response.status,
+                    "retry_after": response.headers.get("retry-after"),
+                    "usage": payload.get("usage"),
+                }
+            )
 
     def delay_s(self, body: Mapping[str, Any]) -> float:
         """Seconds this request waits before its answer is sent."""
+        if self._draws is not None:
+            with self._lock:
+                return next(self._draws)
         return self.latency_s
 
     def enter(self) -> None:
@@ -407,6 +482,24 @@ def send(handler: BaseHTTPRequestHandler, response: Response) -> None:
     handler.wfile.write(data)
 
 
+def send_slowly(
+    handler: BaseHTTPRequestHandler, response: Response, body_after_s: float, stop: threading.Event
+) -> None:
+    """Write the status line and headers now and the body `body_after_s` later (a slow first
+    byte is waited before this is called)."""
+    data = json.dumps(response.payload).encode()
+    handler.send_response(response.status)
+    handler.send_header("content-type", "application/json")
+    handler.send_header("content-length", str(len(data)))
+    for name, value in response.headers.items():
+        handler.send_header(name, value)
+    handler.end_headers()
+    handler.wfile.flush()
+    if body_after_s > 0:
+        stop.wait(body_after_s)
+    handler.wfile.write(data)
+
+
 def _handler(stub: StubServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as the openai client expects
@@ -441,13 +534,23 @@ def _handler(stub: StubServer) -> type[BaseHTTPRequestHandler]:
             if body.get("stream"):
                 self._send(400, {"error": {"message": "the stub does not stream"}})
                 return
+            arrived = time.monotonic()
             reply = stub.take(body)
             response = respond(body, reply, self.headers.get("authorization", ""))
             stub.enter()
             try:
                 delay = stub.delay_s(body)
-                if delay > 0:
+                if stub.profile is not None and response.status == 200:
+                    stub.record(response, arrived, body)
+                    stub.stopped.wait(stub.profile.first_byte_s)
+                    send_slowly(self, response, delay - stub.profile.first_byte_s, stub.stopped)
+                    return
+                if stub.profile is not None or stub.faults is not None:
+                    stub.record(response, arrived, body)
+                if delay > 0 and not (stub.profile is not None and response.status != 200):
                     stub.stopped.wait(delay)
+                if stub.on_request is not None:
+                    stub.on_request(body)
                 if response.hang:
                     stub.stopped.wait()
                     self.close_connection = True

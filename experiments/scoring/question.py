@@ -114,6 +114,22 @@ def score_adaptive(result: AskResult) -> dict[str, float]:
     }
 
 
+def spent_usd(cost_usd: float | None, cached: list[float | None]) -> float | None:
+    """What a question really paid: its cost less the cached calls' (None: a price unknown)."""
+    if cost_usd is None or any(c is None for c in cached):
+        return None
+    return cost_usd - sum(c for c in cached if c is not None)
+
+
+def cost_missing(result: AskResult) -> dict[str, str]:
+    """Why the cost metrics are missing: a model the price table does not have (never 0)."""
+    if result.cost_usd is not None:
+        return {}
+    models = sorted({u.model for u in result.usage if u.cost_usd is None})
+    reason = f"price unknown: {', '.join(models)} not in the price table (caprag/llm/usage.py)"
+    return {"cost_usd": reason, "cost_usd_spent": reason}
+
+
 def score_cost(result: AskResult) -> dict[str, float]:
     """Hops, LLM calls, tokens, cost, latency and distinct passages retrieved.
 
@@ -122,17 +138,18 @@ def score_cost(result: AskResult) -> dict[str, float]:
     """
     distinct = {ref.passage_id for hop in result.hops for ref in hop.documents}
     cached = [u for u in result.usage if u.cached]
-    return {
+    values: dict[str, float | None] = {
         "hops": float(result.hop_count),
         "llm_calls": float(len(result.usage)),
         "llm_calls_cached": float(len(cached)),
-        "cost_usd_spent": result.cost_usd - sum(u.cost_usd for u in cached),
+        "cost_usd_spent": spent_usd(result.cost_usd, [u.cost_usd for u in cached]),
         "retrieval_calls": float(sum(len(hop.queries) for hop in result.hops)),
         "prompt_tokens": float(result.prompt_tokens),
         "completion_tokens": float(result.completion_tokens),
         "tokens": float(result.prompt_tokens + result.completion_tokens),
-        "cost_usd": result.cost_usd,
+        "cost_usd": result.cost_usd,  # None (a price unknown): dropped, `cost_missing` says why
         "latency_s": result.latency_s,
         "distinct_passages": float(len(distinct)),
         "passages_handed": float(len(result.context)),
     }
+    return {name: v for name, v in values.items() if v is not None}

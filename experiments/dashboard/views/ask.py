@@ -208,7 +208,7 @@ if go.button("Ask", type="primary", key="ask_go", disabled=settings is None):
         caption = (
             f"{result.strategy}{st.session_state['ask_used_power']} · {result.hop_count} hop(s) · "
             f"{retriever} retriever · {result.prompt_tokens} prompt + {result.completion_tokens} "
-            f"completion tokens · ${result.cost_usd:.6f} · {result.latency_s:.2f} s · "
+            f"completion tokens · {result.cost_text} · {result.latency_s:.2f} s · "
             f"steps chosen: {st.session_state['ask_steps']}"
         )
         st.session_state.setdefault("ask_turns", []).append((result, caption))

@@ -1,0 +1,52 @@
+"""The stub as a provider (issue 31, point 4): a latency profile, 429s with Retry-After, bursts of
+500s and `usage` in every reply. Draws are seeded and counted, never timed."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+import urllib.error
+import urllib.request
+
+from experiments.perf.openai_stub import Faults, LatencyProfile, StubServer
+
+
+def test_the_profile_draws_its_p50_and_p95() -> None:
+    profile = LatencyProfile(p50_s=0.08, p95_s=0.25, first_byte_s=0.05, seed=3)
+    draws = list(itertools.islice(profile.draws(), 4000))
+    cuts = statistics.quantiles(draws, n=20)
+    assert 0.072 <= statistics.median(draws) <= 0.088
+    assert 0.22 <= cuts[-1] <= 0.28  # the 95th percentile
+    assert min(draws) >= 0.05  # never before the first byte
+    assert draws[:5] == list(itertools.islice(profile.draws(), 5))  # seeded: the same run
+
+
+def test_faults_come_where_they_are_asked_for() -> None:
+    faults = Faults(rate_limit_every=9, retry_after_s=0.3, burst_every=13, burst_length=2)
+    replies = {n: faults.reply(n) for n in range(1, 30)}
+    assert [n for n, r in replies.items() if r and r["status"] == 500] == [14, 15, 27, 28]
+    assert [n for n, r in replies.items() if r and r["status"] == 429] == [9, 18]
+    assert replies[9] == {"status": 429, "retry_after": 0.3}
+
+
+def test_a_429_carries_retry_after_and_every_reply_its_usage() -> None:
+    faults = Faults(rate_limit_every=2, retry_after_s=0.3)
+    body = {"model": "m", "messages": [{"role": "user", "content": "How long does a torch burn?"}]}
+    with StubServer(faults=faults) as stub:
+        url = f"{stub.base_url}/chat/completions"
+        codes, headers = [], []
+        for _ in range(2):
+            request = urllib.request.Request(url, json.dumps(body).encode(), method="POST")
+            request.add_header("content-type", "application/json")
+            try:
+                with urllib.request.urlopen(request, timeout=600) as response:
+                    codes.append(response.status)
+                    reply = json.loads(response.read())
+            except urllib.error.HTTPError as refused:
+                codes.append(refused.code)
+                headers.append(refused.headers.get("retry-after"))
+    assert codes == [200, 429] and headers == ["0.3"]
+    assert reply["usage"]["prompt_tokens"] > 0 and reply["usage"]["total_tokens"] > 0
+    assert [entry["status"] for entry in stub.log] == [200, 429]
+    assert stub.log[0]["usage"] == reply["usage"] and stub.log[1]["retry_after"] == "0.3"
