@@ -345,7 +345,9 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
             hop.chunks = len(context)
             hop.threshold = profile.threshold
             hop.usage, usage = usage, []
-            spent += sum(u.cost_usd for u in hop.usage)
+            spent += sum(
+                u.cost_usd or 0.0 for u in hop.usage
+            )  # an unknown price spends nothing known
             progress = Progress(
                 confidence=confidence,
                 threshold=profile.threshold,
