@@ -141,6 +141,8 @@ class Tracking(Closed):
         str | None, Field(description="a non-empty MLflow experiment name")
     ] = "caprag"
     traces: Annotated[bool, flag("one MLflow trace per question")] = True
+    retries: Annotated[int, whole(0, "retries of a failed request to an MLflow server")] = 3
+    timeout_s: Annotated[float, above_zero("seconds one request to an MLflow server may take")] = 10
 
     @model_validator(mode="after")
     def _named_when_enabled(self) -> Tracking:

@@ -226,7 +226,7 @@ def test_a_table_logged_before_whole_rows_opens_as_rows() -> None:
     rewrite, hop_calls, generate = follow_up.calls_by_node()
     assert len(rewrite) == len(generate) == 1 and [len(c) for c in hop_calls] == [1]
     assert [(h.depth, h.adaptive_decision) for h in adaptive.hops] == [
-        (1, "increase_depth"), (2, "no_new_evidence"),
+        (1, "increase_depth"), (2, "top_k_unchanged"),
     ]  # fmt: skip
     assert (failed.status, failed.error, failed.hops, failed.calls) == (
         "failed", "timed out after 0.001s", [], [],

@@ -39,7 +39,7 @@ def composed(*overrides: str) -> DictConfig:
         (
             "+tracking.colour=red",
             "tracking.colour='red' is not allowed: tracking has no setting 'colour'; "
-            "known keys: enabled, experiment_name, traces, uri",
+            "known keys: enabled, experiment_name, retries, timeout_s, traces, uri",
         ),
     ],
 )
