@@ -69,7 +69,9 @@ def test_prompts_as_sent_state_the_lengths_the_fitted_schema_allows(cap: int) ->
     assert f"(at most {limits['reasoning'].chars} characters)" in str(system.content)
 
     answer = model_limits(generate.GeneratedAnswer, cap)
-    system, _user = generate.GENERATE.render(**generate.prompt_values("q", DOCS, (), output_cap=cap))
+    system, _user = generate.GENERATE.render(
+        **generate.prompt_values("q", DOCS, (), output_cap=cap)
+    )
     assert f"the answer is at most {answer['answer'].chars} characters" in str(system.content)
     assert f"(at most {answer['source_ids'].items})" in str(system.content)
 
