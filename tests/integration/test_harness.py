@@ -63,7 +63,14 @@ def test_every_config_group_member_instantiates(
         assert isinstance(steps, Steps)
         assert steps.backend == ("offline" if option == "offline" else "llm")
         return
-    built = instantiate(cfg[group]) if group != "retriever" else instantiate(cfg.retriever.index)
+    adaptive = (group, option) == ("strategy", "adaptive")
+    # adaptive's `calibration: auto` is the dataset's choice, as build_components resolves it
+    options = {"calibration": cfg.dataset.calibration} if adaptive else {}
+    built = (
+        instantiate(cfg[group], **options)
+        if group != "retriever"
+        else instantiate(cfg.retriever.index)
+    )
     if group == "strategy":
         index = instantiate(cfg.retriever.index)
         strategy = built(retriever=index, steps=steps_from_config(cfg), k=3)
