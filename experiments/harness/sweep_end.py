@@ -12,15 +12,17 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from experiments.results.runs import connect, distinct_labels, latest_sweep, load_run
-from experiments.scoring.verdict import Contender, verdict_lines
-
 
 class SweepVerdict(Callback):
     """Print the sweep's verdict (experiments.scoring.verdict) and where to look next."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         """Read the sweep's runs back and print at most ten lines about them."""
+        # Imported here: Hydra builds its callbacks before any run, and a bad override must fail
+        # before MLflow and pandas are imported.
+        from experiments.results.runs import connect, distinct_labels, latest_sweep, load_run
+        from experiments.scoring.verdict import Contender, verdict_lines
+
         if not config.tracking.enabled or config.experiment.dry_run:
             return
         experiment_id = connect(config.tracking.uri, str(config.tracking.experiment_name))

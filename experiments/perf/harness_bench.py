@@ -77,11 +77,11 @@ def instant_steps(**_group: Any) -> Steps:
     `llm._target_` (the llm group's other keys are ignored)."""
     return Steps(
         expand=InstantStep("expand", lambda _q, _n: []),
-        analyze=InstantStep("analyze", lambda *_a: SufficiencyDecision(sufficient=True)),
+        analyze=InstantStep("analyze", lambda *_a, **_k: SufficiencyDecision(sufficient=True)),
         generate=InstantStep("generate", _first_passage),
         rewrite=InstantStep("rewrite", lambda question, _h: question),
         classify=InstantStep("classify", lambda _q: QueryClass(query_type="factual")),
-        assess=InstantStep("assess", lambda *_a: ConfidenceAssessment(confidence=1.0)),
+        assess=InstantStep("assess", lambda *_a, **_k: ConfidenceAssessment(confidence=1.0)),
     )
 
 

@@ -140,7 +140,11 @@ def test_the_page_filters_by_strategy_and_feedback(
     deepened = len(rounds)
     assert deepened >= 2  # never confident: it went deeper
     assert list(rounds["depth"]) == list(range(1, deepened + 1))
-    assert list(rounds["chunks"]) == [2, 4, 8][:deepened]
+    chunks = list(
+        rounds["chunks"]
+    )  # at most the ladder's; a round that found nothing new adds none
+    assert chunks[0] == 2 and chunks == sorted(chunks)
+    assert all(c <= n for c, n in zip(chunks, [2, 4, 8], strict=False))
     assert "missed the Old Soldier halving" in texts(at)
     at.selectbox(key="d_feedback").set_value("no feedback").run()
     assert list(at.dataframe(key="decisions_table").value["request_id"]) == [logged.ids["forced"]]

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from caprag.steps.assess import Calibration
+import caprag.calibration as library
+from caprag.calibration import Calibration
 from experiments.cli import calibration as cli
 from experiments.scoring import calibration
 from tests.integration.test_harness import fixture_overrides
@@ -16,7 +17,7 @@ from tests.integration.test_harness import fixture_overrides
 def test_fit_writes_a_calibration_and_check_says_where_it_was_fitted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    for module in (cli, calibration):  # where the CLI saves, and where load() reads
+    for module in (cli, library):  # where the CLI saves, and where the library loads from
         monkeypatch.setattr(module, "CALIBRATIONS", tmp_path / "calibration")
     overrides = [*fixture_overrides(tmp_path), "strategy.depth_chunks=[2,4,8]"]
     assert cli.main(["fit", "fixture", "dataset=all", *overrides]) == 0
@@ -32,5 +33,5 @@ def test_fit_writes_a_calibration_and_check_says_where_it_was_fitted(
     assert cli.main(["check", "fixture", "dataset=single_book", *overrides]) == 0
     out = capsys.readouterr().out
     assert "single_book (held out)" in out and "single_book depth 3" in out
-    with pytest.raises(FileNotFoundError, match="no calibration 'missing'"):
+    with pytest.raises(ValueError, match="no calibration 'missing'"):
         cli.main(["check", "missing", "dataset=all", *overrides])

@@ -269,16 +269,16 @@ def test_resume_refuses_a_run_of_another_config(tmp_path: Path) -> None:
 def test_a_run_that_raised_is_resumed_by_the_same_process_while_its_traceback_lives(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import experiments.harness.run as run_module
+    import experiments.results.aggregate as aggregate_module  # what run() aggregates with
 
     cfg = make_cfg(tmp_path, "dataset=single_book", "experiment.ragas=false")
-    real = run_module.aggregate
+    real = aggregate_module.aggregate
 
     def fails_once(rows: object) -> object:
-        monkeypatch.setattr(run_module, "aggregate", real)
+        monkeypatch.setattr(aggregate_module, "aggregate", real)
         raise RuntimeError("the results could not be aggregated")
 
-    monkeypatch.setattr(run_module, "aggregate", fails_once)
+    monkeypatch.setattr(aggregate_module, "aggregate", fails_once)
     with pytest.raises(RuntimeError) as failed:
         run(cfg)
     # `failed` keeps the traceback (and with it the journal) alive, as a notebook cell would.

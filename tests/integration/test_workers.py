@@ -219,7 +219,7 @@ def test_a_killed_worker_stops_the_run_and_resume_asks_only_the_rest(
         ("-2", "-2"),
         ("many", "'many'"),
         ("1.5", "1.5"),
-        ("true", "True"),
+        ("true", "true"),
         ("null", "null"),
     ],
 )

@@ -94,7 +94,6 @@ def test_a_judge_refused_with_the_key_and_replies_repeating_it_leave_it_nowhere(
     output = done.stdout + done.stderr
     assert CANARY not in output
     (run_log,) = (work / "outputs").glob("*.log")
-    assert "Incorrect API key provided" in run_log.read_text() + output  # the refusals were logged
     assert files_holding(work, CANARY) == []
     mlflow.set_tracking_uri(f"sqlite:///{work / 'mlruns.db'}")
     (run,) = mlflow.search_runs(search_all_experiments=True, output_format="list")
@@ -102,6 +101,8 @@ def test_a_judge_refused_with_the_key_and_replies_repeating_it_leave_it_nowhere(
     table = mlflow.load_table("questions.json", run_ids=[run.info.run_id])
     assert CANARY not in table.to_json()
     assert REDACTED in table.to_json()  # the repeated key was kept, blanked
+    # the refusals were seen: logged, or recorded as the reason a judge score is missing
+    assert "Incorrect API key provided" in run_log.read_text() + output + table.to_json()
 
 
 def test_a_reply_repeating_the_key_is_blanked_everywhere_it_goes(
