@@ -29,7 +29,7 @@ from caprag.services import Pipeline, retention_from_settings, steps_from_settin
 from caprag.store import PassageIndex
 from caprag.strategies import STRATEGIES
 from experiments.perf.openai_stub import StubServer
-from tests.conftest import FIXTURE_BOOKS
+from tests.reliability.test_secrets import harness_command
 
 CANARY = "canary-9d41b7e2c0a35f18"  # not shaped like a provider key: found by its variable
 FIXTURE_QUESTIONS = Path(__file__).parents[1] / "fixtures" / "questions"
@@ -61,27 +61,13 @@ def test_a_judge_refused_with_the_key_and_replies_repeating_it_leave_it_nowhere(
             "PYTHONUNBUFFERED": "1",
         }
         done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "experiments.run",
-                f"paths.corpus={FIXTURE_BOOKS}",
-                f"paths.questions={FIXTURE_QUESTIONS}",
-                f"paths.store={work / 'store'}",
-                f"paths.journals={work / 'journals'}",
-                f"paths.cache={work / 'llm-cache.sqlite'}",
-                f"tracking.uri=sqlite:///{work / 'mlruns.db'}",
-                f"hydra.run.dir={work / 'outputs'}",
-                "retriever=wordllama",
-                "+judge.embedding=wordllama",
-                "experiment.progress=false",
-                "experiment.concurrency=1",
-                "dataset=single_book",
+            harness_command(
+                work,
                 "experiment.limit=2",
                 "llm=openai",
                 f"llm.client.base_url={model.base_url}",
                 "judge=openai",
-            ],
+            ),
             cwd=PROJECT_ROOT,
             env=env,
             capture_output=True,

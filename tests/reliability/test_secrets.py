@@ -42,6 +42,28 @@ def files_holding(folder: Path, secret: str) -> list[str]:
     ]
 
 
+def harness_command(work: Path, *overrides: str) -> list[str]:
+    """`python -m experiments.run` on the fixture books, everything it writes under `work`."""
+    return [
+        sys.executable,
+        "-m",
+        "experiments.run",
+        f"paths.corpus={FIXTURE_BOOKS}",
+        f"paths.questions={FIXTURE_QUESTIONS}",
+        f"paths.store={work / 'store'}",
+        f"paths.journals={work / 'journals'}",
+        f"paths.cache={work / 'llm-cache.sqlite'}",
+        f"tracking.uri=sqlite:///{work / 'mlruns.db'}",
+        f"hydra.run.dir={work / 'outputs'}",
+        "retriever=wordllama",
+        "+judge.embedding=wordllama",
+        "experiment.progress=false",
+        "experiment.concurrency=1",
+        "dataset=single_book",
+        *overrides,
+    ]
+
+
 @pytest.mark.slow
 def test_a_harness_run_with_a_model_and_a_judge_stores_the_key_nowhere(tmp_path: Path) -> None:
     work = tmp_path / "work"
@@ -54,26 +76,7 @@ def test_a_harness_run_with_a_model_and_a_judge_stores_the_key_nowhere(tmp_path:
             "PYTHONUNBUFFERED": "1",
         }
         done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "experiments.run",
-                f"paths.corpus={FIXTURE_BOOKS}",
-                f"paths.questions={FIXTURE_QUESTIONS}",
-                f"paths.store={work / 'store'}",
-                f"paths.journals={work / 'journals'}",
-                f"paths.cache={work / 'llm-cache.sqlite'}",
-                f"tracking.uri=sqlite:///{work / 'mlruns.db'}",
-                f"hydra.run.dir={work / 'outputs'}",
-                "retriever=wordllama",
-                "+judge.embedding=wordllama",
-                "experiment.progress=false",
-                "experiment.concurrency=1",
-                "dataset=single_book",
-                "experiment.limit=3",
-                "llm=openai",
-                "judge=openai",
-            ],
+            harness_command(work, "experiment.limit=3", "llm=openai", "judge=openai"),
             cwd=PROJECT_ROOT,
             env=env,
             capture_output=True,
