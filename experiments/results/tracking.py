@@ -34,6 +34,7 @@ DEFAULT_URI = f"sqlite:///{PROJECT_ROOT / 'mlruns.db'}"
 TABLE = "questions.json"
 logging.getLogger("mlflow").setLevel(logging.WARNING)
 logging.getLogger("alembic").setLevel(logging.WARNING)
+log = logging.getLogger(__name__)
 
 
 RETRIES = 3
@@ -346,7 +347,21 @@ def log_question_sets(table: Any) -> None:
     target = "gold_answer" if "gold_answer" in columns else None
     for name, rows in questions.groupby("set", sort=True):
         dataset = from_pandas(rows.reset_index(drop=True), name=str(name), targets=target)
-        mlflow.log_input(dataset, context="evaluation")
+        _log_dataset(dataset)
+
+
+def _log_dataset(dataset: Any) -> None:
+    """`mlflow.log_input`, once more if the first try fails: runs of one sweep that log the same
+    set at once race in the tracking server (both find no dataset and both insert it; the second
+    insert fails on its unique key), and on the second try the server finds the one now stored.
+    The Dataset column only labels a run, so a second failure is a warning, never a lost run."""
+    for attempt in (1, 2):
+        try:
+            mlflow.log_input(dataset, context="evaluation")
+            return
+        except mlflow.exceptions.MlflowException as error:
+            if attempt == 2:
+                log.warning("question set %r not in the run's datasets: %s", dataset.name, error)
 
 
 def _log_table(table: Any) -> None:
