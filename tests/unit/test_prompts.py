@@ -51,4 +51,6 @@ def test_prompt_versions_name_every_step() -> None:
         "rewrite",
         "classify",
         "assess",
+        "reason",
+        "ask",
     }
