@@ -54,8 +54,12 @@ STRATEGIES: dict[str, list[str]] = {
         "strategy.depth_chunks=[1,2,4]",
         "strategy.max_context_tokens=2000",
     ],
+    # The published baselines (docs/baselines.md), each step by the model.
+    "ircot": ["strategy=ircot"],
+    "self-ask": ["strategy=self-ask"],
+    "iter-retgen": ["strategy=iter-retgen"],
 }
-STEPS = ("rewrite", "expand", "analyze", "classify", "assess", "generate")
+STEPS = ("rewrite", "expand", "analyze", "classify", "assess", "reason", "ask", "generate")
 
 
 @dataclass
