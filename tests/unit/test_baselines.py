@@ -293,3 +293,21 @@ def test_a_baseline_step_is_chosen_rule_or_llm_from_the_settings(
     monkeypatch.setenv("CAPRAG_REASONER", "rule")
     steps = steps_from_settings(load_settings())
     assert steps.kinds()["reasoner"] == "rule" and steps.kinds()["asker"] == "llm"
+
+
+def test_the_worst_case_counts_a_baselines_own_generations_beside_the_pipelines() -> None:
+    from experiments.harness.dryrun import CostEstimate, StepCost
+
+    steps = {"generate": StepCost(calls=1, prompt_tokens=100, max_prompt_tokens=100)}
+    estimate = CostEstimate(
+        strategy="iter-retgen",
+        model="gpt-4o-mini",
+        questions=10,
+        follow_ups=0,
+        sampled=1,
+        steps=steps,
+        worst_calls=IterRetGenStrategy(MemoryRetriever([]), rule_steps()).max_llm_calls(),
+        output_cap=50,
+    )
+    assert estimate.worst_calls_total() == 30  # 2 drafts + the answer, per question
+    assert estimate.worst_tokens() == (3 * 100 * 10, 30 * 50)
