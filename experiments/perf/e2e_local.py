@@ -366,7 +366,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", default=Settings.cases, help="experiment.limit_per_set")
     parser.add_argument("--cap", type=int, default=Settings.cap)
     parser.add_argument("--no-report", action="store_true", help="check only, keep the report")
+    parser.add_argument(
+        "--strategies", default=",".join(STRATEGIES), help="comma-separated, default all"
+    )
     args = parser.parse_args(argv)
+    chosen = {name: STRATEGIES[name] for name in args.strategies.split(",")}
     settings = Settings(cases=args.cases, cap=args.cap)
     os.environ.setdefault(LOCAL_KEY_VARIABLE, "local")
     ensure_installed()
@@ -384,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"local server {server.base_url} ({server.model}); runs in {folder}", flush=True)
         offline: dict[str, RunResult] = {}
         checked: list[Checked] = []
-        for strategy, overrides in STRATEGIES.items():
+        for strategy, overrides in chosen.items():
             rule_only = [o for o in overrides if not o.endswith("=llm")]
             offline[strategy] = run(
                 compose_cfg(folder, *common, *rule_only, "tracking.traces=false")
