@@ -12,6 +12,7 @@ import dataclasses
 import time
 from typing import Any
 
+from caprag.llm.client import StepFailedError
 from caprag.schemas import Document, Question
 from caprag.state import GraphState
 from caprag.steps import Steps
@@ -71,10 +72,13 @@ class IterRetGenStrategy(RetrievalStrategy):
             )
             hops.append(hop)
             if number < self.rounds:
-                draft = await self.steps.generate(question, ranked[: self.k])
-                if draft.usage:
-                    hop.usage.append(draft.usage)
-                answer = clean(draft.value.answer)
+                try:
+                    draft = await self.steps.generate(question, ranked[: self.k])
+                    answer, usage = clean(draft.value.answer), draft.usage
+                except StepFailedError as failed:  # an unusable reply: the question alone next
+                    answer, usage = "", failed.usage
+                if usage:
+                    hop.usage.append(usage)
                 hop.reasoning = [answer]
                 query = f"{question} {answer}".strip() if answer else question
             hop.latency_s = elapsed(start)

@@ -3,8 +3,9 @@
 Search the question (the fixed budget's first ranking, as every strategy starts). Then, at most
 `max_follow_ups` times: the `ask` step gives the next follow-up (or, when the intermediate
 answers suffice, the final answer composed from them); the follow-up is searched and answered by
-the `generate` step from its own passages. Generation gets the k passages of the fixed budget:
-the question's own ranking first, then what the follow-ups found.
+the `generate` step from its own passages (an unusable reply leaves that answer empty).
+Generation gets the k passages of the fixed budget: the question's own ranking first, then what
+the follow-ups found.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import dataclasses
 import time
 from typing import Any
 
+from caprag.llm.client import StepFailedError
 from caprag.state import GraphState
 from caprag.steps import Steps
 from caprag.steps.ask import clean
@@ -95,8 +97,11 @@ class SelfAskStrategy(RetrievalStrategy):
             found = await self.search_many([follow_up], self.k)
             questions += found
             refs = context.add_follow_up(found[0].context, self.follow_k)
-            answer = await self.steps.generate(follow_up, found[0].context[: self.answer_k])
-            intermediate = clean(answer.value.answer)
+            try:
+                answer = await self.steps.generate(follow_up, found[0].context[: self.answer_k])
+                intermediate, usage = clean(answer.value.answer), answer.usage
+            except StepFailedError as failed:  # an unusable reply: asked on without an answer
+                intermediate, usage = "", failed.usage
             asked.append((follow_up, intermediate))
             hop = HopTrace(
                 hop=number,
@@ -104,7 +109,7 @@ class SelfAskStrategy(RetrievalStrategy):
                 documents=refs,
                 new_documents=sum(r.new for r in refs),
                 duplicate_documents=sum(not r.new for r in refs),
-                usage=[u for u in (answer.usage,) if u],
+                usage=[u for u in (usage,) if u],
                 reasoning=[f"Follow up: {follow_up}", f"Intermediate answer: {intermediate}"],
             )
             hops.append(hop)

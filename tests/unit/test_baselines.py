@@ -311,3 +311,17 @@ def test_the_worst_case_counts_a_baselines_own_generations_beside_the_pipelines(
     )
     assert estimate.worst_calls_total() == 30  # 2 drafts + the answer, per question
     assert estimate.worst_tokens() == (3 * 100 * 10, 30 * 50)
+
+
+@pytest.mark.parametrize("name", ["self-ask", "iter-retgen"])
+async def test_an_unusable_intermediate_answer_is_recorded_and_the_loop_goes_on(
+    name: str, wiki: MemoryRetriever
+) -> None:
+    chat = ScriptedChatModel(replies=["Sure! Here is the answer."], repeat_last=True)
+    steps = dataclasses.replace(
+        rule_steps(), generate=scripted_steps(chat, parse_attempts=1, generator="llm").generate
+    )
+    state = await run(STRATEGIES[name](wiki, steps, k=2))
+    failed = [u for hop in state.hops for u in hop.usage if u.step == "generate"]
+    assert failed and all(u.error for u in failed)  # each kept, with its error
+    assert len(state.hops) >= 2 and 1 <= len(state.context) <= 2
