@@ -15,5 +15,7 @@ ROLES: dict[str, str] = {
     "rewriter": "rewrite",
     "classifier": "classify",
     "confidence": "assess",
+    "reasoner": "reason",
+    "asker": "ask",
 }
 """The name a user chooses an implementation by (Hydra key, CAPRAG_<NAME> variable) → its step."""

@@ -20,6 +20,11 @@ class HopTrace(BaseModel):
     decision: SufficiencyDecision | None = None
     usage: list[CallUsage] = Field(default_factory=list)
     latency_s: float = 0.0
+    reasoning: list[str] | None = Field(
+        default=None,
+        description="A baseline's intermediate reasoning in this hop (None for the others): "
+        "IRCoT's sentence, Self-Ask's follow-up and intermediate answer, Iter-RetGen's answer.",
+    )
     # Adaptive depth only (None for the other strategies): one hop is one iteration.
     depth: int | None = Field(default=None, description="Depth level searched (1, 2, 3).")
     chunks: int | None = Field(default=None, description="Passages in the context after the hop.")

@@ -8,7 +8,7 @@ baseline; all LLM is a real model doing every step.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from caprag.catalog import Catalog
@@ -24,14 +24,25 @@ from caprag.steps.analyze import (
     RuleAnalyzer,
     SufficiencyDecision,
 )
+from caprag.steps.ask import ASK, LLMAsker, RuleAsker, SelfAskTurn
 from caprag.steps.assess import ASSESS, ConfidenceAssessment, LLMAssessor, RuleAssessor
 from caprag.steps.base import KINDS, StepResult
 from caprag.steps.classify import CLASSIFY, LLMClassifier, QueryClass, RuleClassifier
 from caprag.steps.expand import EXPAND, LLMExpander, RuleExpander
 from caprag.steps.generate import GENERATE, GeneratedAnswer, LLMGenerator, RuleGenerator
+from caprag.steps.reason import REASON, LLMReasoner, RuleReasoner, Thought
 from caprag.steps.rewrite import REWRITE, LLMRewriter, RuleRewriter
 
-ALL_PROMPTS: tuple[Prompt, ...] = (EXPAND, ANALYZE, GENERATE, REWRITE, CLASSIFY, ASSESS)
+ALL_PROMPTS: tuple[Prompt, ...] = (
+    EXPAND,
+    ANALYZE,
+    GENERATE,
+    REWRITE,
+    CLASSIFY,
+    ASSESS,
+    REASON,
+    ASK,
+)
 
 CHOICES = ("auto", *KINDS)
 """auto: the LLM when there is a client, else the rule."""
@@ -89,6 +100,18 @@ class Assessor(Step, Protocol):
     ) -> StepResult[ConfidenceAssessment]: ...
 
 
+class Reasoner(Step, Protocol):
+    async def __call__(
+        self, question: str, documents: Sequence[Document], reasoning: Sequence[str]
+    ) -> StepResult[Thought]: ...
+
+
+class Asker(Step, Protocol):
+    async def __call__(
+        self, question: str, asked: Sequence[tuple[str, str]]
+    ) -> StepResult[SelfAskTurn]: ...
+
+
 @dataclass(frozen=True)
 class Steps:
     """One implementation of each step; call them as `await steps.analyze(...)`."""
@@ -99,6 +122,10 @@ class Steps:
     rewrite: Rewriter
     classify: Classifier
     assess: Assessor
+    reason: Reasoner = field(default_factory=RuleReasoner)
+    """IRCoT's next reasoning sentence (the rule unless chosen otherwise)."""
+    ask: Asker = field(default_factory=RuleAsker)
+    """Self-Ask's next follow-up question or final answer."""
 
     def kinds(self) -> dict[str, str]:
         """Step → rule or llm."""
@@ -165,6 +192,8 @@ def build_steps(
         rewrite=pick("rewriter", RuleRewriter(price_model), LLMRewriter, rewrite_client or client),
         classify=pick("classifier", RuleClassifier(price_model), LLMClassifier),
         assess=pick("confidence", RuleAssessor(links), LLMAssessor),
+        reason=pick("reasoner", RuleReasoner(price_model), LLMReasoner),
+        ask=pick("asker", RuleAsker(price_model), LLMAsker),
     )
 
 

@@ -10,8 +10,11 @@ from typing import TypeVar
 from caprag.registry import Registry
 from caprag.strategies.adaptive import AdaptiveDepthStrategy
 from caprag.strategies.base import DocumentPool, RetrievalStrategy, Retriever, ServedSettings
+from caprag.strategies.ircot import IRCoTStrategy
+from caprag.strategies.iter_retgen import IterRetGenStrategy
 from caprag.strategies.multi_hop import MultiHopStrategy
 from caprag.strategies.multi_question import MultiQuestionStrategy
+from caprag.strategies.self_ask import SelfAskStrategy
 from caprag.strategies.single import SingleQueryStrategy
 
 STRATEGIES: Registry[type[RetrievalStrategy]] = Registry("strategy")
@@ -31,15 +34,22 @@ register_strategy(SingleQueryStrategy)
 register_strategy(MultiQuestionStrategy)
 register_strategy(MultiHopStrategy)
 register_strategy(AdaptiveDepthStrategy)
+# The published baselines (docs/baselines.md): IRCoT, Self-Ask, Iter-RetGen.
+register_strategy(IRCoTStrategy)
+register_strategy(SelfAskStrategy)
+register_strategy(IterRetGenStrategy)
 
 __all__ = [
     "STRATEGIES",
     "AdaptiveDepthStrategy",
     "DocumentPool",
+    "IRCoTStrategy",
+    "IterRetGenStrategy",
     "MultiHopStrategy",
     "MultiQuestionStrategy",
     "RetrievalStrategy",
     "Retriever",
+    "SelfAskStrategy",
     "ServedSettings",
     "SingleQueryStrategy",
     "register_strategy",

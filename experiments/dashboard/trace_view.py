@@ -213,6 +213,8 @@ def _render_hop(hop: HopTrace, row: QuestionRow) -> None:
             st.warning(hop.warning)
         if hop.hint:
             st.info(hop.hint)
+    if hop.reasoning:
+        st.markdown("**Reasoning:**\n" + "\n".join(f"- {line}" for line in hop.reasoning))
     if hop.decision is not None:
         verdict = "sufficient" if hop.decision.sufficient else "not sufficient"
         st.markdown(f"**Analyzer decision:** {verdict}")

@@ -110,7 +110,8 @@ class CostEstimate:
         if self.worst_calls is None:
             return None
         cap = self.output_cap or max((s.completion_tokens for s in self.steps.values()), default=0)
-        per_step = {**self.worst_calls, "generate": 1}
+        per_step = dict(self.worst_calls)  # a strategy's own generations (Self-Ask, Iter-RetGen)
+        per_step["generate"] = per_step.get("generate", 0) + 1  # + the pipeline's
         prompt = sum(n * self._longest_prompt(step) for step, n in per_step.items())
         calls = sum(per_step.values())
         prompt_total = prompt * self.questions + self.follow_ups * self._longest_prompt("rewrite")

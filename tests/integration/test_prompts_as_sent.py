@@ -24,6 +24,9 @@ EXPECTED_STEPS = {
     "multi-question": {"expand", "rewrite", "generate"},
     "multi-hop": {"expand", "analyze", "rewrite", "generate"},
     "adaptive": {"classify", "assess", "rewrite", "generate"},
+    "ircot": {"reason", "rewrite", "generate"},
+    "self-ask": {"ask", "rewrite", "generate"},
+    "iter-retgen": {"rewrite", "generate"},
 }
 
 
@@ -44,6 +47,8 @@ def step_of(body: dict[str, object]) -> str:
         "GeneratedAnswer": "generate",
         "QueryClass": "classify",
         "ConfidenceAssessment": "assess",
+        "Thought": "reason",
+        "SelfAskTurn": "ask",
     }[name]
 
 

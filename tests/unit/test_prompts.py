@@ -52,6 +52,8 @@ def test_prompt_versions_name_every_step() -> None:
         "rewrite",
         "classify",
         "assess",
+        "reason",
+        "ask",
     }
 
 

@@ -38,6 +38,7 @@ MODULES = (
     "experiments.cli.reports.adaptive",
     "experiments.cli.reports.strategies",
     "experiments.cli.reports.benchmarks",
+    "experiments.cli.reports.baselines",
     "experiments.cli.reports.follow_up",
     "experiments.cli.reports.baseline",
 )
