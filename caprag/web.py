@@ -222,6 +222,11 @@ def turn(result: AskResult) -> str:
         for note in (last.warning, last.hint):
             if note:
                 adaptive += f'<div class="trace error">{escape(note)}</div>'
+    if result.memory_expired:
+        adaptive += (
+            '<div class="trace error">this conversation sat idle past the memory limit: '
+            "it started afresh (earlier turns are forgotten)</div>"
+        )
     if result.timed_out:
         adaptive += (
             f'<div class="trace error">time limit reached: {escape(result.stop_reason or "")}</div>'
