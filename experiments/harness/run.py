@@ -33,6 +33,7 @@ from experiments.harness.dryrun import (
     client_config,
     estimate_cost,
 )
+from experiments.harness.hooks import NO_HOOKS, RunHooks
 from experiments.harness.identity import DEFAULT_RETRIEVER, RunIdentity, retriever_label, run_tags
 from experiments.harness.journal import Journal, case_key
 from experiments.harness.reuse import RowCache
@@ -73,12 +74,13 @@ class RunResult:
         return agg.mean if agg else None
 
 
-def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
+def run(cfg: DictConfig, sweep_id: str | None = None, *, hooks: RunHooks = NO_HOOKS) -> RunResult:
     """Run one configuration end to end and log it to MLflow (unless tracking.enabled=false).
 
     A run is journaled case by case: when an earlier process of the same run died, the run is
     resumed (experiment.resume=auto or RUN_ID) and only the missing questions are asked.
     With experiment.dry_run=true nothing is asked: the cost estimate is printed and returned.
+    `hooks` lets a benchmark time the run's phases (experiments.harness.hooks).
     """
     check_settings(cfg)
     dry = bool(cfg.experiment.dry_run)
@@ -86,7 +88,8 @@ def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
         if cfg.tracking.enabled and cfg.tracking.traces:
             traces.shared()  # forked before anything is built: the fork copies little
         workers.prepare(cfg)  # the workers' server imports while the components are built
-    parts = build_components(cfg, llm=not dry)
+    with hooks.phase("setup"):
+        parts = build_components(cfg, llm=not dry)
     raw = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(raw, dict)
     config = {str(k): v for k, v in raw.items()}
@@ -126,11 +129,12 @@ def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
             )
         if trace_writer is not None and run_id is not None:
             _resume_traces(trace_writer, identity, run_id, done, strategy.name)
-        reuse = row_cache(cfg, parts, config)
+        reuse = row_cache(cfg, parts, config) if hooks.reuse_rows else None
         try:
-            rows = asyncio.run(
-                _evaluate_repeats(cfg, parts, repeats, done, journal, trace_writer, reuse, pool)
-            )
+            with hooks.phase("evaluate"):
+                rows = asyncio.run(
+                    _evaluate_repeats(cfg, parts, repeats, done, journal, trace_writer, reuse, pool)
+                )
         finally:
             if reuse is not None:
                 reuse.close()
@@ -156,7 +160,7 @@ def run(cfg: DictConfig, sweep_id: str | None = None) -> RunResult:
         )
         if run_id is not None:
             result.run_id = run_id
-            result.traces = _log(result, trace_writer, uri=identity.uri)
+            result.traces = _log(result, trace_writer, uri=identity.uri, hooks=hooks)
     failed = failures(result.rows)
     print(run_table(result.aggregates, result.summary, failed), flush=True)
     if failed.all_failed:
@@ -232,13 +236,20 @@ def _resume_traces(
         trace_writer.submit([row for row in journaled if traces.case_of(row) not in traced])
 
 
-def _log(result: RunResult, trace_writer: traces.TraceWriter | None, uri: str | None) -> int:
+def _log(
+    result: RunResult,
+    trace_writer: traces.TraceWriter | None,
+    uri: str | None,
+    hooks: RunHooks = NO_HOOKS,
+) -> int:
     """Results and table into the open run (while the trace writer writes its last batch), then
     waits for the writer."""
     if trace_writer is not None:
         trace_writer.finish()
-    tracking.log_results(result.rows, result.aggregates, result.summary)
-    written = trace_writer.close(result.rows) if trace_writer is not None else 0
+    with hooks.phase("mlflow_results"):
+        tracking.log_results(result.rows, result.aggregates, result.summary)
+    with hooks.phase("mlflow_traces"):
+        written = trace_writer.close(result.rows) if trace_writer is not None else 0
     print(f"logged MLflow run {result.run_id} ({written} traces) to {uri}")
     return written
 

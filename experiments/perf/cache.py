@@ -13,10 +13,8 @@ per call), each with a fresh HTTP client, into one temporary store and cache fil
 
 from __future__ import annotations
 
-import contextlib
 import json
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,24 +22,11 @@ from experiments.perf.harness_bench import (
     CACHE_TARGET,
     QUIET_ENV,
     STUB_LATENCY_S,
-    _openai_overrides,
-    _stub_run,
     environment,
+    openai_overrides,
     stub_process,
+    stub_run,
 )
-
-
-@contextlib.contextmanager
-def rows_not_reused() -> Iterator[None]:
-    """Switch row reuse off in this process (the LLM response cache stays on)."""
-    from experiments.harness import run as run_module
-
-    original = run_module.row_cache
-    run_module.row_cache = lambda *_args: None
-    try:
-        yield
-    finally:
-        run_module.row_cache = original
 
 
 def measure(
@@ -54,14 +39,13 @@ def measure(
         environment(OPENAI_API_KEY="bench", OPENAI_BASE_URL=base_url, **QUIET_ENV),
     ):
         folder = Path(tmp)
-        common = [*_openai_overrides(questions), f"experiment.concurrency={concurrency}"]
+        common = [*openai_overrides(questions), f"experiment.concurrency={concurrency}"]
         # Warm-up without the caches (imports, ingest), so the cache file is fresh for the runs.
-        _stub_run(folder, base_url, *common, "experiment.cache=false", "experiment.limit=2")
+        stub_run(folder, base_url, *common, "experiment.cache=false", "experiment.limit=2")
         assert not (folder / "llm-cache.sqlite").exists(), "the warm-up run wrote the cache"
-        first = _stub_run(folder, base_url, *common, "experiment.cache=true")
-        with rows_not_reused():
-            replay = _stub_run(folder, base_url, *common, "experiment.cache=true")
-        again = _stub_run(folder, base_url, *common, "experiment.cache=true")
+        first = stub_run(folder, base_url, *common, "experiment.cache=true")
+        replay = stub_run(folder, base_url, *common, "experiment.cache=true", reuse_rows=False)
+        again = stub_run(folder, base_url, *common, "experiment.cache=true")
     return {"first": first, "llm_cache_only": replay, "rerun": again}
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import math
 import re
@@ -24,6 +25,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from statistics import NormalDist
 from typing import Any
 
 REPLY_WORDS = 12
@@ -271,6 +273,34 @@ def _error(message: str, kind: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind}}
 
 
+@dataclass(frozen=True)
+class ProviderLatency:
+    """A provider-like latency: lognormal with the given median and 95th percentile, and a share
+    of requests answered at once with a 429 and `Retry-After`. Each request's draw is a function
+    of the seed, its messages and how often those messages came before, so a rerun of the same
+    questions meets the same latencies whatever order requests arrive in."""
+
+    p50_s: float = 0.8
+    p95_s: float = 3.0
+    rate_limited: float = 0.02
+    retry_after_s: int = 1
+    seed: int = 7
+
+    def draw(self, key: str, occurrence: int) -> tuple[float, bool]:
+        """(seconds to wait, whether to answer 429) for the `occurrence`-th request of `key`."""
+        digest = hashlib.sha256(f"{self.seed}/{key}/{occurrence}".encode()).digest()
+        uniform = (int.from_bytes(digest[:8], "big") + 0.5) / 2**64
+        limited = int.from_bytes(digest[8:16], "big") / 2**64 < self.rate_limited
+        sigma = math.log(self.p95_s / self.p50_s) / NormalDist().inv_cdf(0.95)
+        seconds = self.p50_s * math.exp(sigma * NormalDist().inv_cdf(uniform))
+        return (0.0 if limited else seconds), limited
+
+
+def request_key(messages: Iterable[Mapping[str, Any]]) -> str:
+    """What identifies a request for its latency draw: its messages' roles and texts."""
+    return json.dumps([(m.get("role"), _content(m)) for m in messages], sort_keys=True)
+
+
 class StubServer:
     """The stub on 127.0.0.1 in a background thread; counts requests and keeps their bodies.
 
@@ -290,6 +320,7 @@ class StubServer:
         port: int = 0,
         hold_until: int = 0,
         hold_s: float = HOLD_S,
+        provider: ProviderLatency | None = None,
     ) -> None:
         self.script: deque[Reply] = deque(script)
         """Replies still to give, in order."""
@@ -297,6 +328,11 @@ class StubServer:
         """The reply once the script has run out."""
         self.latency_s = latency_s
         """Seconds each request waits before it is answered."""
+        self.provider = provider
+        """A provider-like latency instead (and its 429s), when given."""
+        self.seen: dict[str, int] = {}
+        self.served: list[dict[str, Any]] = []
+        """With `provider`: each request's key, seconds waited and status, in arrival order."""
         self.hold_until = hold_until
         """Hold every request until this many are in flight at once (0: do not hold): shows
         that a client overlaps its requests without measuring time."""
@@ -345,6 +381,18 @@ class StubServer:
     def delay_s(self, body: Mapping[str, Any]) -> float:
         """Seconds this request waits before its answer is sent."""
         return self.latency_s
+
+    def provider_draw(self, body: Mapping[str, Any]) -> tuple[float, bool]:
+        """With `provider`: this request's wait and whether it gets a 429 (recorded)."""
+        assert self.provider is not None
+        key = request_key(body.get("messages", []))
+        with self._lock:
+            occurrence = self.seen.get(key, 0)
+            self.seen[key] = occurrence + 1
+        seconds, limited = self.provider.draw(key, occurrence)
+        with self._lock:
+            self.served.append({"key": key, "seconds": seconds, "limited": limited})
+        return seconds, limited
 
     def enter(self) -> None:
         """One more request in flight; with `hold_until`, wait for the others to arrive."""
@@ -425,6 +473,8 @@ def _handler(stub: StubServer) -> type[BaseHTTPRequestHandler]:
                 self._send(200, {"status": "ok"})
             elif self.path.rstrip("/").endswith("/stats"):  # for a stub in another process
                 self._send(200, {"requests": stub.requests, "latency_s": stub.latency_s})
+            elif self.path.rstrip("/").endswith("/served"):  # the provider latencies drawn
+                self._send(200, {"served": stub.served})
             else:
                 self._send(404, {"error": {"message": f"no route {self.path}"}})
 
@@ -443,9 +493,15 @@ def _handler(stub: StubServer) -> type[BaseHTTPRequestHandler]:
                 return
             reply = stub.take(body)
             response = respond(body, reply, self.headers.get("authorization", ""))
+            delay = stub.delay_s(body)
+            if stub.provider is not None:
+                delay, limited = stub.provider_draw(body)
+                if limited:
+                    response = respond(
+                        body, {"status": 429, "retry_after": stub.provider.retry_after_s}
+                    )
             stub.enter()
             try:
-                delay = stub.delay_s(body)
                 if delay > 0:
                     stub.stopped.wait(delay)
                 if response.hang:
@@ -464,8 +520,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.openai_stub", description=__doc__)
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--latency", type=float, default=0.0, help="seconds per request")
+    parser.add_argument(
+        "--provider",
+        action="store_true",
+        help="a provider's latency instead: lognormal p50 0.8 s, p95 3 s, 2%% 429 (Retry-After)",
+    )
+    parser.add_argument("--seed", type=int, default=7, help="seed of the provider latency")
     args = parser.parse_args(argv)
-    stub = StubServer(latency_s=args.latency, port=args.port)
+    provider = ProviderLatency(seed=args.seed) if args.provider else None
+    stub = StubServer(latency_s=args.latency, port=args.port, provider=provider)
     print(stub.base_url, flush=True)
     try:
         stub.server.serve_forever()

@@ -156,7 +156,6 @@ def bench_overhead(
     off (alternated `attempts` times, the fastest of each kept) and their ratio; the same for
     whole CLI processes (`cli_attempts` times each; 0: not measured), where the first run of a
     process forks the writer."""
-    from experiments.results import traces
 
     llm = ["llm=offline", f"++llm._target_={instant_steps.__module__}.instant_steps"]
     # No row reuse: every run answers every question (the runs share one store and cache file).
@@ -168,10 +167,6 @@ def bench_overhead(
         "experiment.cache=false",
     ]
     per_set = f"experiment.limit_per_set={max(1, questions // 2)}"
-    extra: dict[str, tuple[object, str]] = {
-        "mlflow_traces": (traces.TraceWriter, "close"),
-        "trace_submit": (traces.TraceWriter, "submit"),
-    }
     walls: dict[bool, list[float]] = {True: [], False: []}
     cpu: dict[bool, list[float]] = {True: [], False: []}
     writer: list[float] = []
@@ -179,8 +174,8 @@ def bench_overhead(
     with tempfile.TemporaryDirectory() as tmp, environment(**QUIET_ENV):
         folder = Path(tmp)
         # A warm-up run pays the one-time costs: imports (ragas ~3 s), ingest, MLflow tables.
-        timed_run(compose_cfg(folder, *common, f"experiment.limit={warmup}"), extra)
-        result, watch, _wall = timed_run(compose_cfg(folder, *common, per_set), extra)
+        timed_run(compose_cfg(folder, *common, f"experiment.limit={warmup}"))
+        result, watch, _wall = timed_run(compose_cfg(folder, *common, per_set))
         for _attempt in range(attempts):
             for traced in (False, True):
                 flag = f"tracking.traces={str(traced).lower()}"

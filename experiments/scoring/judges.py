@@ -8,7 +8,7 @@ from typing import Any
 from caprag.llm.openai import DEFAULT_KEY_VARIABLE, resolve_api_key
 from caprag.secrets import redact
 from experiments.scoring.question import Scores
-from experiments.scoring.ragas_metrics import _import_ragas
+from experiments.scoring.ragas_metrics import import_ragas
 
 
 def no_judge() -> None:
@@ -34,7 +34,7 @@ class RagasJudge:
         key = resolve_api_key(api_key, api_key_env, "judge=openai (use judge=none offline)")
         from openai import AsyncOpenAI
 
-        _import_ragas()
+        import_ragas()
         from ragas.llms import llm_factory
         from ragas.metrics.collections import AnswerRelevancy, ContextPrecision, Faithfulness
 

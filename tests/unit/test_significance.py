@@ -291,4 +291,3 @@ def test_tables_render_ci_as_an_interval_in_markdown_and_plain_text() -> None:
         "token", "F1", f"{c.mean_a:.3f}", f"{c.mean_b:.3f}", f"+{c.diff:.3f}",
         f"[{c.ci_low:.3f},", f"{c.ci_high:.3f}]", "<0.001", "60",
     ]  # fmt: skip
-
