@@ -475,6 +475,10 @@ def _handler(stub: StubServer) -> type[BaseHTTPRequestHandler]:
                 self._send(200, {"requests": stub.requests, "latency_s": stub.latency_s})
             elif self.path.rstrip("/").endswith("/served"):  # the provider latencies drawn
                 self._send(200, {"served": stub.served})
+            elif self.path.rstrip("/").endswith("/restart_draws"):  # a run meets the same draws
+                with stub._lock:
+                    stub.seen.clear()
+                self._send(200, {"served": len(stub.served)})
             else:
                 self._send(404, {"error": {"message": f"no route {self.path}"}})
 
