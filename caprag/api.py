@@ -124,6 +124,9 @@ class AskResponse(BaseModel):
     decision_log: DecisionRecord | None = Field(
         description="What the decision log keeps of this request: rounds, steps, stop reason."
     )
+    memory_expired: bool = Field(
+        False, description="The thread sat idle past the memory TTL: this turn started afresh."
+    )
 
 
 class FeedbackRequest(BaseModel):

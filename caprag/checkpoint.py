@@ -1,26 +1,32 @@
 """Checkpointers by name: conversation memory in memory (default) or in a SQLite file.
 
-Both keep only what the next turn needs, so a conversation's footprint stays bounded however long
-it runs: each thread's latest checkpoint (older ones are dropped as a new one is written; the
-graph itself trims the messages to the history window). Idle threads are dropped too: from memory
-after `Retention.memory_ttl_s` or when more than `memory_max_threads` are held (least recently
-used first); from SQLite when idle longer than `sqlite_ttl_days`, checked when the store is opened
-and then every `prune_interval_s` while turns are written.
+Both are LangGraph's own savers (InMemorySaver, AsyncSqliteSaver) behind `BoundedSaver`, a saver
+that reaches them only through the public checkpointer API (`aput`, `aget_tuple`, `alist`,
+`adelete_thread`). It keeps only what the next turn needs, so a conversation's footprint stays
+bounded however long it runs: each thread's latest checkpoint (a new one replaces the thread:
+`adelete_thread`, then the checkpoint is written whole; the graph trims the messages to the
+history window). Idle threads are dropped: a thread unused past the TTL is forgotten when it is
+next read (a continued thread starts fresh, and `expired` says so) and when other threads are
+written; in memory also beyond `memory_max_threads` (least recently used first); in SQLite when
+the store is opened and every `prune_interval_s` while turns are written. When a thread was last
+used is written into its checkpoint's metadata (`caprag_last_used`, by the retention's clock).
 
 Keeping only the latest checkpoint is safe because the graph state has no `DeltaChannel` (whose
 values live in the chain of ancestors): every channel's value is whole in the latest checkpoint.
+What it costs: a SQLite write is a delete and an insert (two commits; a crash between them loses
+that one conversation), and a checkpoint's parent link is not kept (no state history).
 """
 
 from __future__ import annotations
 
 import asyncio
-import sqlite3
+import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -28,10 +34,10 @@ from langgraph.checkpoint.base import (
     ChannelVersions,
     Checkpoint,
     CheckpointMetadata,
+    CheckpointTuple,
 )
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
-from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
 from caprag.errors import ConfigError
 
@@ -68,21 +74,236 @@ def serializer() -> JsonPlusSerializer:
     return JsonPlusSerializer(allowed_msgpack_modules=CHECKPOINT_TYPES)
 
 
-def _where(config: RunnableConfig) -> tuple[str, str]:
-    configurable = config["configurable"]
-    return str(configurable["thread_id"]), str(configurable.get("checkpoint_ns", ""))
+LAST_USED = "caprag_last_used"
+"""Checkpoint metadata key: when the thread was last written (the retention's clock)."""
 
 
-class BoundedMemorySaver(InMemorySaver):
-    """The in-memory checkpointer, holding only each thread's latest checkpoint and dropping
-    threads that sat idle past the TTL or beyond the thread cap (least recently used first)."""
+def _thread(config: RunnableConfig) -> str:
+    return str(config["configurable"]["thread_id"])
 
-    def __init__(self, retention: Retention | None = None) -> None:
+
+def _root(config: RunnableConfig) -> bool:
+    return not config["configurable"].get("checkpoint_ns")
+
+
+class BoundedSaver(BaseCheckpointSaver[str]):
+    """A LangGraph saver that keeps each thread's latest checkpoint only and forgets idle threads,
+    over another saver's public API (see the module docstring).
+
+    `ttl_s`: a thread unused this long is forgotten; `max_threads`: at most this many threads
+    (least recently used go first; None: no cap); `prune_interval_s`: how often writes look for
+    idle threads in the whole store (None: never; in memory idle threads go as others are
+    written)."""
+
+    def __init__(
+        self,
+        inner: BaseCheckpointSaver[Any] | None,
+        *,
+        ttl_s: float,
+        max_threads: int | None = None,
+        prune_interval_s: float | None = None,
+        clock: Callable[[], float] = time.time,
+        opener: Callable[[], Any] | None = None,
+    ) -> None:
         super().__init__(serde=serializer())
-        self.retention = retention or Retention()
+        self.inner = inner
+        self.opener = opener
+        self.ttl_s = ttl_s
+        self.max_threads = max_threads
+        self.prune_interval_s = prune_interval_s
+        self.clock = clock
         self.last_used: OrderedDict[str, float] = OrderedDict()
-        self._versions: dict[tuple[str, str], dict[str, Any]] = {}
-        self._write_ids: dict[tuple[str, str], set[str]] = {}
+        """Threads written in this process, least recently used first."""
+        self.expired: set[str] = set()
+        """Threads forgotten on read because they sat idle past the TTL (until `expired` asks)."""
+        self.last_pruned = float("-inf")
+        self.path: str | None = None
+        """The store's file, when it has one."""
+        self.closer: Callable[[], Any] | None = None
+        """Closes what `opener` opened."""
+        self.opening = asyncio.Lock()
+
+    async def setup(self) -> None:
+        """Open the store (when it has an opener), then forget idle threads (start-up)."""
+        if self.inner is not None:
+            return
+        async with self.opening:
+            if self.inner is None:
+                assert self.opener is not None
+                self.inner = await self.opener()
+                await self.prune_idle()
+
+    def _saver(self) -> BaseCheckpointSaver[Any]:
+        assert self.inner is not None, "open the checkpointer first (await setup())"
+        return self.inner
+
+    def get_next_version(self, current: str | None, channel: None) -> str:
+        """The wrapped saver's next channel version."""
+        return str(self._saver().get_next_version(current, channel))
+
+    def _stale(self, saved: CheckpointTuple | None) -> bool:
+        if saved is None:
+            return False
+        thread = _thread(saved.config)
+        used = self.last_used.get(thread, saved.metadata.get(LAST_USED))
+        return isinstance(used, int | float) and used < self.clock() - self.ttl_s
+
+    def _forgotten(self, thread: str) -> None:
+        self.last_used.pop(thread, None)
+        self.expired.add(thread)
+
+    def _written(self, thread: str) -> list[str]:
+        """Note the thread's use; the threads to forget now (idle past the TTL, over the cap)."""
+        now = self.clock()
+        self.last_used[thread] = now
+        self.last_used.move_to_end(thread)
+        evicted = []
+        for other, used in list(self.last_used.items()):
+            over_cap = self.max_threads is not None and len(self.last_used) > self.max_threads
+            if other == thread or (used >= now - self.ttl_s and not over_cap):
+                break
+            del self.last_used[other]
+            evicted.append(other)
+        return evicted
+
+    @staticmethod
+    def _fresh(
+        config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata, now: float
+    ) -> tuple[RunnableConfig, Checkpoint, CheckpointMetadata, ChannelVersions]:
+        """The arguments that write a checkpoint whole, as a thread's only one."""
+        configurable = config["configurable"]
+        root: RunnableConfig = {
+            "configurable": {
+                "thread_id": configurable["thread_id"],
+                "checkpoint_ns": configurable.get("checkpoint_ns", ""),
+            }
+        }
+        stamped = cast(CheckpointMetadata, {**metadata, LAST_USED: now})
+        return root, checkpoint, stamped, dict(checkpoint["channel_versions"])
+
+    # -- async (the pipeline's path)
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """The thread's checkpoint; None (the thread forgotten) when it sat idle past the TTL."""
+        await self.setup()
+        saved = await self._saver().aget_tuple(config)
+        if self._stale(saved):
+            await self._saver().adelete_thread(_thread(config))
+            self._forgotten(_thread(config))
+            return None
+        return saved
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        """The wrapped saver's checkpoints."""
+        await self.setup()
+        async for saved in self._saver().alist(config, filter=filter, before=before, limit=limit):
+            yield saved
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Write the checkpoint as the thread's only one; forget threads idle or over the cap."""
+        await self.setup()
+        saver = self._saver()
+        if not _root(config):  # a subgraph's checkpoint: kept as written
+            return await saver.aput(config, checkpoint, metadata, new_versions)
+        thread = _thread(config)
+        now = self.clock()
+        await saver.adelete_thread(thread)
+        saved = await saver.aput(*self._fresh(config, checkpoint, metadata, now))
+        for other in self._written(thread):
+            await saver.adelete_thread(other)
+        if self.prune_interval_s is not None and now - self.last_pruned >= self.prune_interval_s:
+            await self.prune_idle()
+        return saved
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """The wrapped saver's writes."""
+        await self.setup()
+        await self._saver().aput_writes(config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        """Forget a thread."""
+        await self.setup()
+        await self._saver().adelete_thread(thread_id)
+        self.last_used.pop(str(thread_id), None)
+
+    async def prune_idle(self) -> list[str]:
+        """Forget threads idle past the TTL and compact threads holding older checkpoints (a
+        store written before this policy; its threads start their idle time now); return the
+        forgotten threads."""
+        saver = self._saver()
+        now = self.clock()
+        self.last_pruned = now
+        latest: dict[str, CheckpointTuple] = {}
+        older: set[str] = set()
+        async for saved in saver.alist(None):  # newest first
+            if not _root(saved.config):
+                continue
+            thread = _thread(saved.config)
+            if thread in latest:
+                older.add(thread)
+            else:
+                latest[thread] = saved
+        idle = [t for t, saved in latest.items() if self._stale(saved)]
+        for thread in idle:
+            await saver.adelete_thread(thread)
+            self.last_used.pop(thread, None)
+        for thread, saved in latest.items():
+            if thread in idle or (thread not in older and LAST_USED in saved.metadata):
+                continue
+            used = saved.metadata.get(LAST_USED)
+            await saver.adelete_thread(thread)
+            config = await saver.aput(
+                *self._fresh(
+                    saved.config,
+                    saved.checkpoint,
+                    saved.metadata,
+                    used if isinstance(used, int | float) else now,
+                )
+            )
+            for task_id, channel, value in saved.pending_writes or []:
+                await saver.aput_writes(config, [(channel, value)], task_id)
+        return idle
+
+    # -- sync (the same, for callers outside an event loop)
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """The thread's checkpoint; None (the thread forgotten) when it sat idle past the TTL."""
+        saved = self._saver().get_tuple(config)
+        if self._stale(saved):
+            self._saver().delete_thread(_thread(config))
+            self._forgotten(_thread(config))
+            return None
+        return saved
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        """The wrapped saver's checkpoints."""
+        return self._saver().list(config, filter=filter, before=before, limit=limit)
 
     def put(
         self,
@@ -91,23 +312,15 @@ class BoundedMemorySaver(InMemorySaver):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        """Store the checkpoint, then forget the thread's older ones and the values they held."""
-        saved = super().put(config, checkpoint, metadata, new_versions)
-        thread, ns = _where(config)
-        current = self._versions.setdefault((thread, ns), {})
-        for channel, version in new_versions.items():
-            old = current.get(channel)
-            if old is not None and old != version:
-                self.blobs.pop((thread, ns, channel, old), None)
-            current[channel] = version
-        stored = self.storage[thread][ns]
-        for old_id in [i for i in stored if i != checkpoint["id"]]:
-            del stored[old_id]
-        written = self._write_ids.get((thread, ns), set())
-        for old_id in [i for i in written if i != checkpoint["id"]]:
-            self.writes.pop((thread, ns, old_id), None)
-            written.discard(old_id)
-        self._touch(thread)
+        """Write the checkpoint as the thread's only one; forget threads idle or over the cap."""
+        saver = self._saver()
+        if not _root(config):
+            return saver.put(config, checkpoint, metadata, new_versions)
+        thread = _thread(config)
+        saver.delete_thread(thread)
+        saved = saver.put(*self._fresh(config, checkpoint, metadata, self.clock()))
+        for other in self._written(thread):
+            saver.delete_thread(other)
         return saved
 
     def put_writes(
@@ -117,152 +330,80 @@ class BoundedMemorySaver(InMemorySaver):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        """Store the writes, remembering which checkpoint they belong to (to drop them later)."""
-        super().put_writes(config, writes, task_id, task_path)
-        thread, ns = _where(config)
-        self._write_ids.setdefault((thread, ns), set()).add(config["configurable"]["checkpoint_id"])
+        """The wrapped saver's writes."""
+        self._saver().put_writes(config, writes, task_id, task_path)
 
     def delete_thread(self, thread_id: str) -> None:
-        """Forget a thread (by its own indexes: no scan of every thread's values)."""
-        thread = str(thread_id)
-        for ns in self.storage.pop(thread, {}):
-            for channel, version in self._versions.pop((thread, ns), {}).items():
-                self.blobs.pop((thread, ns, channel, version), None)
-            for checkpoint_id in self._write_ids.pop((thread, ns), set()):
-                self.writes.pop((thread, ns, checkpoint_id), None)
-        self.last_used.pop(thread, None)
+        """Forget a thread."""
+        self._saver().delete_thread(thread_id)
+        self.last_used.pop(str(thread_id), None)
 
-    def _touch(self, thread: str) -> None:
-        now = self.retention.clock()
-        self.last_used[thread] = now
-        self.last_used.move_to_end(thread)
-        cutoff = now - self.retention.memory_ttl_s
-        while self.last_used:
-            oldest, used = next(iter(self.last_used.items()))
-            if oldest == thread or (
-                used >= cutoff and len(self.last_used) <= self.retention.memory_max_threads
-            ):
-                break
-            self.delete_thread(oldest)
+    async def aclose(self) -> None:
+        """Close the store's connection, if it holds one."""
+        if self.closer is not None:
+            await self.closer()
+            self.closer = None
+            self.inner = None
 
 
-THREADS_TABLE = (
-    "CREATE TABLE IF NOT EXISTS caprag_threads "
-    "(thread_id TEXT PRIMARY KEY, last_used REAL NOT NULL)"
-)
+def bounded_memory(retention: Retention | None = None) -> BoundedSaver:
+    """Conversation memory in this process (InMemorySaver), bounded by the retention."""
+    policy = retention or Retention()
+    return BoundedSaver(
+        InMemorySaver(serde=serializer()),
+        ttl_s=policy.memory_ttl_s,
+        max_threads=policy.memory_max_threads,
+        clock=policy.clock,
+    )
 
 
-class PrunedSqliteSaver(AsyncSqliteSaver):
-    """The SQLite checkpointer, holding only each thread's latest checkpoint and deleting
-    threads idle longer than the retention (checked on opening and every prune interval)."""
+def pruned_sqlite(path: str, retention: Retention | None = None) -> BoundedSaver:
+    """Conversations in a SQLite file (AsyncSqliteSaver), opened on first use in the event loop
+    that uses it, pruned when opened and every prune interval."""
+    policy = retention or Retention()
+    saver = BoundedSaver(
+        None,
+        ttl_s=policy.sqlite_ttl_days * DAY_S,
+        prune_interval_s=policy.prune_interval_s,
+        clock=policy.clock,
+    )
 
-    def __init__(self, path: str, retention: Retention | None = None) -> None:
+    async def opener() -> BaseCheckpointSaver[Any]:
         import aiosqlite
+        from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
-        super().__init__(aiosqlite.connect(path), serde=serializer())
-        self.path = path
-        self.retention = retention or Retention()
-        self.last_pruned = float("-inf")
-        self._ready = False
+        # Opened once in a plain thread first: aiosqlite's worker thread reports a failed open
+        # after its loop may be gone, so an unopenable file fails here, before it starts.
+        await asyncio.to_thread(_check_openable, path)
+        conn = await aiosqlite.connect(path)
+        saver.closer = conn.close
+        try:
+            inner = AsyncSqliteSaver(conn, serde=serializer())
+            await inner.setup()
+        except BaseException:
+            saver.closer = None
+            await conn.close()
+            raise
+        return inner
 
-    async def setup(self) -> None:
-        """Create the tables, then prune once (start-up)."""
-        if self._ready:
-            return
-        await super().setup()
-        async with self.lock:
-            await self.conn.execute(THREADS_TABLE)
-            await self.conn.commit()
-        self._ready = True
-        await self.prune_idle()
+    saver.opener = opener
+    saver.path = path
+    return saver
 
-    async def aput(
-        self,
-        config: RunnableConfig,
-        checkpoint: Checkpoint,
-        metadata: CheckpointMetadata,
-        new_versions: ChannelVersions,
-    ) -> RunnableConfig:
-        """Store the checkpoint, delete the thread's older ones, note when it was last used."""
-        saved = await super().aput(config, checkpoint, metadata, new_versions)
-        thread, ns = _where(config)
-        now = self.retention.clock()
-        await self._run(
-            [
-                (
-                    "DELETE FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ? "
-                    "AND checkpoint_id < ?",
-                    (thread, ns, checkpoint["id"]),
-                ),
-                (
-                    "DELETE FROM writes WHERE thread_id = ? AND checkpoint_ns = ? "
-                    "AND checkpoint_id < ?",
-                    (thread, ns, checkpoint["id"]),
-                ),
-                (
-                    "INSERT INTO caprag_threads VALUES (?, ?) "
-                    "ON CONFLICT(thread_id) DO UPDATE SET last_used = excluded.last_used",
-                    (thread, now),
-                ),
-            ]
-        )
-        if now - self.last_pruned >= self.retention.prune_interval_s:
-            await self.prune_idle()
-        return saved
 
-    async def prune_idle(self) -> list[str]:
-        """Delete threads idle longer than the retention and all but each thread's latest
-        checkpoint; return the deleted threads. Threads written before this policy existed
-        start their idle time now."""
-        await self.setup()
-        now = self.retention.clock()
-        cutoff = now - self.retention.sqlite_ttl_days * DAY_S
-        async with self.lock:
-            await self.conn.execute(
-                "INSERT OR IGNORE INTO caprag_threads "
-                "SELECT DISTINCT thread_id, ? FROM checkpoints",
-                (now,),
-            )
-            async with self.conn.execute(
-                "SELECT thread_id FROM caprag_threads WHERE last_used < ?", (cutoff,)
-            ) as cursor:
-                idle = [str(row[0]) for row in await cursor.fetchall()]
-        idle_threads = "SELECT thread_id FROM caprag_threads WHERE last_used < ?"
-        await self._run(
-            [
-                (f"DELETE FROM checkpoints WHERE thread_id IN ({idle_threads})", (cutoff,)),
-                (f"DELETE FROM writes WHERE thread_id IN ({idle_threads})", (cutoff,)),
-                ("DELETE FROM caprag_threads WHERE last_used < ?", (cutoff,)),
-                (
-                    "DELETE FROM checkpoints WHERE checkpoint_id < (SELECT MAX(c.checkpoint_id) "
-                    "FROM checkpoints c WHERE c.thread_id = checkpoints.thread_id "
-                    "AND c.checkpoint_ns = checkpoints.checkpoint_ns)",
-                    (),
-                ),
-                (
-                    "DELETE FROM writes WHERE NOT EXISTS (SELECT 1 FROM checkpoints c "
-                    "WHERE c.thread_id = writes.thread_id AND c.checkpoint_ns = "
-                    "writes.checkpoint_ns AND c.checkpoint_id = writes.checkpoint_id)",
-                    (),
-                ),
-            ]
-        )
-        self.last_pruned = now
-        return idle
+def _check_openable(path: str) -> None:
+    import sqlite3
 
-    async def _run(self, statements: Sequence[tuple[str, tuple[Any, ...]]]) -> None:
-        async with self.lock, self.conn.cursor() as cursor:
-            for sql, parameters in statements:
-                await cursor.execute(sql, parameters)
-            await self.conn.commit()
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.execute("PRAGMA schema_version")
 
 
 def _memory(_target: str, retention: Retention) -> BaseCheckpointSaver[Any]:
-    return BoundedMemorySaver(retention)
+    return bounded_memory(retention)
 
 
 def _sqlite(target: str, retention: Retention) -> BaseCheckpointSaver[Any]:
-    return PrunedSqliteSaver(target, retention)
+    return pruned_sqlite(target, retention)
 
 
 CHECKPOINTERS: dict[str, Callable[[str, Retention], BaseCheckpointSaver[Any]]] = {
@@ -296,31 +437,33 @@ async def open_checkpointer(
 ) -> BaseCheckpointSaver[Any]:
     """Make the checkpointer and open its store now (tables created, idle threads pruned), so a
     store that cannot be opened fails at start-up with a ConfigError, not on the first question."""
+    kind, target = check_spec(spec)
     saver = make_checkpointer(spec, retention)
-    if isinstance(saver, PrunedSqliteSaver):
+    if kind == "sqlite" and isinstance(saver, BoundedSaver):
+        import sqlite3
+
         try:
             await saver.setup()
         except (sqlite3.Error, OSError) as exc:
             await close_checkpointer(saver)
-            await _worker_stopped(saver.conn)
-            where = Path(saver.path).resolve()
-            shown = "" if str(where) == saver.path else f" ({where})"
+            where = Path(target).resolve()
+            shown = "" if str(where) == target else f" ({where})"
             raise ConfigError(
                 f"cannot open the conversation store CAPRAG_CHECKPOINTER={spec}{shown}: {exc}"
             ) from None
     return saver
 
 
-async def _worker_stopped(conn: Any) -> None:
-    """Wait (off the loop) for a connection's worker thread that is stopping: aiosqlite stops it
-    on a failed connect, and it must report back while this loop is still running."""
-    thread = getattr(conn, "_thread", None)
-    if thread is not None and thread.is_alive():
-        await asyncio.to_thread(thread.join, 30)
+def expired(saver: BaseCheckpointSaver[Any] | None, thread_id: str) -> bool:
+    """Whether the thread was forgotten on read because it sat idle past the TTL, since this
+    was last asked (so a page says it once, on the turn that started fresh)."""
+    if not isinstance(saver, BoundedSaver) or str(thread_id) not in saver.expired:
+        return False
+    saver.expired.discard(str(thread_id))
+    return True
 
 
 async def close_checkpointer(saver: BaseCheckpointSaver[Any]) -> None:
-    """Close the connection of a checkpointer that holds one."""
-    conn = getattr(saver, "conn", None)
-    if conn is not None and hasattr(conn, "close"):
-        await conn.close()
+    """Close the store of a checkpointer that holds one open."""
+    if isinstance(saver, BoundedSaver):
+        await saver.aclose()

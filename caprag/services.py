@@ -16,7 +16,13 @@ from langchain_core.messages import AnyMessage, HumanMessage
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from pydantic import BaseModel, Field
 
-from caprag.checkpoint import Retention, close_checkpointer, make_checkpointer, open_checkpointer
+from caprag.checkpoint import (
+    Retention,
+    close_checkpointer,
+    expired,
+    make_checkpointer,
+    open_checkpointer,
+)
 from caprag.clock import Clock
 from caprag.config import PowerChoice, Settings, load_settings
 from caprag.conversation import Turn, turns
@@ -97,6 +103,10 @@ class AskResult(BaseModel):
     )
     decision_log: DecisionRecord | None = Field(
         default=None, description="The request's rounds and steps, as the decision log keeps them."
+    )
+    memory_expired: bool = Field(
+        default=False,
+        description="The thread sat idle past the memory TTL: this turn started it afresh.",
     )
 
     @property
@@ -468,6 +478,7 @@ class Pipeline:
             timed_out=bool(deadline.cuts),
             answer_status="generated_after_cut" if deadline.cuts else "generated",
             stop_reason=record.stop_reason,
+            memory_expired=expired(self.checkpointer, thread),
         )
         if state.answer is None or result.answer_error:
             result.answer_status = "not_generated"

@@ -264,6 +264,11 @@ def turn(result: AskResult) -> str:
                 adaptive += f'<div class="trace error">{escape(note)}</div>'
     if result.limit_note:
         adaptive += f'<div class="trace error">{escape(result.limit_note)}</div>'
+    if result.memory_expired:
+        adaptive += (
+            '<div class="trace error">this conversation sat idle past the memory limit: '
+            "it started afresh (earlier turns are forgotten)</div>"
+        )
     feedback = feedback_control(result.request_id) if result.request_id else ""
 
     no_answer = ""

@@ -9,9 +9,8 @@ arrives but cannot be read (a body cut short, no `choices`) is retried here like
 does not parse. One call, its transport retries included, is bounded by `timeout_s`
 (LLMTimeoutError). Error texts never carry a secret (caprag.secrets.redact).
 
-How a call reaches the chat model is its `calls` (ChatCalls): LangChain's runnables for any chat
-model (the default), or a thinner path with the same requests for the openai backend
-(caprag.llm.openai.OpenAICalls).
+How a call reaches the chat model is its `calls` (ChatCalls): LangChain's public runnables,
+`with_structured_output(include_raw=True)` and the model itself, for every backend.
 """
 
 from __future__ import annotations

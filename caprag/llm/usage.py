@@ -6,7 +6,7 @@ import functools
 from collections.abc import Iterable
 from typing import Any
 
-from caprag.embeddings import _minilm_dir
+from caprag.embeddings import minilm_dir
 
 PRICE_TABLE_VERSION = "prices-2026-11"
 # USD per million tokens (input, output). Offline calls are priced as if sent to a reference model.
@@ -24,7 +24,7 @@ PRICES: dict[str, tuple[float, float]] = {
 def _tokenizer() -> Any:
     from tokenizers import Tokenizer
 
-    tokenizer = Tokenizer.from_file(str(_minilm_dir() / "tokenizer.json"))
+    tokenizer = Tokenizer.from_file(str(minilm_dir() / "tokenizer.json"))
     tokenizer.no_truncation()
     tokenizer.no_padding()
     return tokenizer

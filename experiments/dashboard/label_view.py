@@ -10,21 +10,22 @@ from experiments.dashboard import store
 from experiments.dashboard.trace_view import trace_id
 from experiments.results.labels import log_label
 from experiments.results.row import QuestionRow, rows_of
+from experiments.results.traces import case_of
 from experiments.scoring import regressions as reg
 from experiments.scoring.failures import TAGS
 
 OWN_WORDS = "other (in my words)"
 
 
-def trace_pairs(run_id: str, table: pd.DataFrame) -> tuple[tuple[str, str], ...]:
-    """(trace id, question id) of every row of a run's table."""
-    return tuple((trace_id(run_id, row), row.question_id) for row in rows_of(table))
+def trace_pairs(table: pd.DataFrame) -> tuple[tuple[str, str], ...]:
+    """(case, question id) of every row of a run's table: the case its trace is tagged with."""
+    return tuple((case_of(row), row.question_id) for row in rows_of(table))
 
 
 def render_label(run: pd.Series, row: QuestionRow, table: pd.DataFrame) -> None:
     """The question's human label, a form to give one, and the question with it as a dataset."""
     run_id, experiment = str(run["run_id"]), str(run["experiment_id"])
-    known = store.labels(store.uri(), experiment, run_id, trace_pairs(run_id, table))
+    known = store.labels(store.uri(), experiment, run_id, trace_pairs(table))
     label = known.get(row.question_id)
     with st.expander(
         f"Human label: {label.text()}" if label else "Label this question (why it failed)",
@@ -43,9 +44,12 @@ def render_label(run: pd.Series, row: QuestionRow, table: pd.DataFrame) -> None:
             if not chosen:
                 st.error("Write the reason in the note, or pick one from the list.")
             else:
+                question_trace = trace_id(store.uri(), experiment, run_id, row)
                 try:
+                    if question_trace is None:
+                        raise LookupError("this question has no trace (run logged with traces off)")
                     log_label(
-                        trace_id(run_id, row),
+                        question_trace,
                         run_id,
                         chosen,
                         note="" if reason == OWN_WORDS else words,

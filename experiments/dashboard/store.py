@@ -97,7 +97,7 @@ def corpus() -> Corpus:
 def labels(
     store_uri: str, experiment_id: str, run_id: str, traces: tuple[tuple[str, str], ...]
 ) -> dict[str, Label]:
-    """The human labels of a run's questions, by question id (`traces`: (trace id, question id)
+    """The human labels of a run's questions, by question id (`traces`: (case, question id)
     pairs); cleared when a label is saved."""
     mlflow.set_tracking_uri(store_uri)
     return labels_of(experiment_id, run_id, dict(traces))

@@ -15,13 +15,14 @@ from caprag.trace import HopTrace
 from experiments.dashboard.data import call_line, hop_documents, is_rule, steps_ran
 from experiments.results import metrics as registry
 from experiments.results.row import PassageInfo, QuestionRow
-from experiments.results.traces import case_key, trace_id_of
+from experiments.results.traces import Target, case_key, find_trace
 from experiments.scoring.failures import Corpus, failed, failure_tags
 
 
-def trace_id(run_id: str, row: QuestionRow) -> str:
-    """The MLflow id of the trace a run wrote for a logged question row."""
-    return trace_id_of(run_id, case_key(row.repeat, row.question_id))
+def trace_id(store_uri: str, experiment_id: str, run_id: str, row: QuestionRow) -> str | None:
+    """The MLflow id of the trace a run wrote for a logged question row (None: it has none)."""
+    target = Target(store_uri, experiment_id, run_id)
+    return find_trace(target, case_key(row.repeat, row.question_id))
 
 
 def render_scores(row: QuestionRow, corpus: Corpus | None = None) -> None:

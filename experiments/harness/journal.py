@@ -58,18 +58,18 @@ class JournalSyncError(CapragError):
 
 def config_hash(config: Mapping[str, Any], dataset_hash: str) -> str:
     """sha256 (16 hex) of the resolved config minus VOLATILE keys, plus the questions' hash."""
-    kept = redact_config(_without(dict(config), VOLATILE), scan_text=False)
+    kept = redact_config(without_keys(dict(config), VOLATILE), scan_text=False)
     blob = json.dumps({"config": kept, "dataset": dataset_hash}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _without(config: dict[str, Any], dotted: tuple[str, ...]) -> dict[str, Any]:
+def without_keys(config: dict[str, Any], dotted: tuple[str, ...]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in config.items():
         if key in dotted:
             continue
         inner = tuple(d.removeprefix(f"{key}.") for d in dotted if d.startswith(f"{key}."))
-        out[key] = _without(value, inner) if isinstance(value, dict) and inner else value
+        out[key] = without_keys(value, inner) if isinstance(value, dict) and inner else value
     return out
 
 

@@ -33,7 +33,7 @@ from caprag.config import PROJECT_ROOT
 from caprag.errors import CapragError
 from caprag.llm.cache import open_table
 from experiments.harness.data import EvalCase
-from experiments.harness.journal import VOLATILE, _without
+from experiments.harness.journal import VOLATILE, without_keys
 from experiments.results import metrics as registry
 from experiments.results.row import ROWS, QuestionRow
 
@@ -122,7 +122,7 @@ def scored_metrics() -> list[str]:
 
 def run_fingerprint(config: Mapping[str, Any], manifest: Mapping[str, Any]) -> str:
     """Everything but the case and the repeat that a row depends on."""
-    kept = _without(dict(config), NOT_IN_KEY)
+    kept = without_keys(dict(config), NOT_IN_KEY)
     books = index_fingerprint(manifest)
     code = (code_fingerprint(), scored_metrics())
     return _digest(SCHEMA, kept, books, code, library_versions())

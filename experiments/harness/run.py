@@ -27,6 +27,7 @@ from omegaconf.errors import MissingMandatoryValue
 from caprag.errors import CapragError
 from caprag.secrets import install_log_redaction
 from experiments.harness import cluster, groups
+from experiments.harness.hooks import NO_HOOKS, RunHooks
 from experiments.harness.settings import check_override_keys, check_settings
 
 if TYPE_CHECKING:
@@ -74,7 +75,11 @@ class RunResult:
 
 
 def run(
-    cfg: DictConfig, sweep_id: str | None = None, given: Sequence[str] | None = None
+    cfg: DictConfig,
+    sweep_id: str | None = None,
+    given: Sequence[str] | None = None,
+    *,
+    hooks: RunHooks = NO_HOOKS,
 ) -> RunResult:
     """Run one configuration end to end and log it to MLflow (unless tracking.enabled=false).
 
@@ -82,6 +87,7 @@ def run(
     resumed (experiment.resume=auto or RUN_ID) and only the missing questions are asked.
     With experiment.dry_run=true nothing is asked: the cost estimate is printed and returned.
     `given`: the config groups the command line chose (so the run says which it defaulted).
+    `hooks` lets a benchmark time the run's phases (experiments.harness.hooks).
     """
     check_settings(cfg)
     # 1. the settings are good: now the harness (and MLflow, LangChain, Chroma, pandas) is needed
@@ -112,7 +118,8 @@ def run(
         if cfg.tracking.enabled and cfg.tracking.traces:
             traces.shared()  # forked before anything is built: the fork copies little
         workers.prepare(cfg)  # the workers' server imports while the components are built
-    parts = build_components(cfg, llm=not dry)
+    with hooks.phase("setup"):
+        parts = build_components(cfg, llm=not dry)
     raw = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(raw, dict)
     config = {str(k): v for k, v in raw.items()}
@@ -142,7 +149,7 @@ def run(
         tags = run_tags(cfg, identity, strategy, parts.steps, setup)
         names = (name, strategy.name)
         rest = (sweep_id, tags, config, writing, journaled, setup)
-        result = _run_logged(cfg, parts, identity, names, *rest)
+        result = _run_logged(cfg, parts, identity, names, *rest, hooks=hooks)
     except Exception as exc:
         uri = tracking.tracking_uri(cfg.tracking.uri)
         if not (cfg.tracking.enabled and tracking.is_remote(uri) and tracking.unreachable(exc)):
@@ -172,6 +179,7 @@ def _run_logged(
     writing: bool,
     journaled: list[Path],
     setup: dict[str, str],
+    hooks: RunHooks = NO_HOOKS,
 ) -> RunResult:
     """Ask every question of the run (journaled as they finish) and log the result to MLflow;
     `journaled` receives the journal's path as soon as it is open. `names`: the run's and the
@@ -200,11 +208,12 @@ def _run_logged(
             )
         if trace_writer is not None and run_id is not None:
             _resume_traces(trace_writer, identity, run_id, done, strategy_name)
-        reuse = row_cache(cfg, parts, config)
+        reuse = row_cache(cfg, parts, config) if hooks.reuse_rows else None
         try:
-            rows = asyncio.run(
-                _evaluate_repeats(cfg, parts, repeats, done, journal, trace_writer, reuse, pool)
-            )
+            with hooks.phase("evaluate"):
+                rows = asyncio.run(
+                    _evaluate_repeats(cfg, parts, repeats, done, journal, trace_writer, reuse, pool)
+                )
         finally:
             if reuse is not None:
                 reuse.close()
@@ -230,7 +239,7 @@ def _run_logged(
         )
         if run_id is not None:
             result.run_id = run_id
-            result.traces = _log(result, trace_writer, uri=identity.uri)
+            result.traces = _log(result, trace_writer, uri=identity.uri, hooks=hooks)
     return result
 
 
@@ -302,15 +311,22 @@ def _resume_traces(
         trace_writer.submit([row for row in journaled if traces.case_of(row) not in traced])
 
 
-def _log(result: RunResult, trace_writer: traces.TraceWriter | None, uri: str | None) -> int:
+def _log(
+    result: RunResult,
+    trace_writer: traces.TraceWriter | None,
+    uri: str | None,
+    hooks: RunHooks = NO_HOOKS,
+) -> int:
     """Results and table into the open run (while the trace writer writes its last batch), then
     waits for the writer."""
     from experiments.results import tracking
 
     if trace_writer is not None:
         trace_writer.finish()
-    tracking.log_results(result.rows, result.aggregates, result.summary)
-    written = trace_writer.close(result.rows) if trace_writer is not None else 0
+    with hooks.phase("mlflow_results"):
+        tracking.log_results(result.rows, result.aggregates, result.summary)
+    with hooks.phase("mlflow_traces"):
+        written = trace_writer.close(result.rows) if trace_writer is not None else 0
     print(f"logged MLflow run {result.run_id} ({written} traces) to {uri}")
     return written
 

@@ -13,10 +13,8 @@ per call), each with a fresh HTTP client, into one temporary store and cache fil
 
 from __future__ import annotations
 
-import contextlib
 import json
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,24 +22,11 @@ from experiments.perf.harness_bench import (
     CACHE_TARGET,
     QUIET_ENV,
     STUB_LATENCY_S,
-    _openai_overrides,
-    _stub_run,
     environment,
-    stub_process,
+    openai_overrides,
+    stub_run,
 )
-
-
-@contextlib.contextmanager
-def rows_not_reused() -> Iterator[None]:
-    """Switch row reuse off in this process (the LLM response cache stays on)."""
-    from experiments.harness import build as build_module  # run() imports it from there
-
-    original = build_module.row_cache
-    build_module.row_cache = lambda *_args: None
-    try:
-        yield
-    finally:
-        build_module.row_cache = original
+from experiments.perf.servers import openai_stub
 
 
 def measure(
@@ -50,18 +35,17 @@ def measure(
     """The three runs' calls and times."""
     with (
         tempfile.TemporaryDirectory() as tmp,
-        stub_process(latency_s) as base_url,
+        openai_stub("--latency", str(latency_s)) as (base_url, _),
         environment(OPENAI_API_KEY="bench", OPENAI_BASE_URL=base_url, **QUIET_ENV),
     ):
         folder = Path(tmp)
-        common = [*_openai_overrides(questions), f"experiment.concurrency={concurrency}"]
+        common = [*openai_overrides(questions), f"experiment.concurrency={concurrency}"]
         # Warm-up without the caches (imports, ingest), so the cache file is fresh for the runs.
-        _stub_run(folder, base_url, *common, "experiment.cache=false", "experiment.limit=2")
+        stub_run(folder, base_url, *common, "experiment.cache=false", "experiment.limit=2")
         assert not (folder / "llm-cache.sqlite").exists(), "the warm-up run wrote the cache"
-        first = _stub_run(folder, base_url, *common, "experiment.cache=true")
-        with rows_not_reused():
-            replay = _stub_run(folder, base_url, *common, "experiment.cache=true")
-        again = _stub_run(folder, base_url, *common, "experiment.cache=true")
+        first = stub_run(folder, base_url, *common, "experiment.cache=true")
+        replay = stub_run(folder, base_url, *common, "experiment.cache=true", reuse_rows=False)
+        again = stub_run(folder, base_url, *common, "experiment.cache=true")
     return {"first": first, "llm_cache_only": replay, "rerun": again}
 
 

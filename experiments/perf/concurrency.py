@@ -22,6 +22,7 @@ import cProfile
 import json
 import os
 import pstats
+import resource
 import sys
 import tempfile
 import time
@@ -34,16 +35,16 @@ from caprag.config import PROJECT_ROOT
 from experiments.perf.harness_bench import (
     QUIET_ENV,
     STUB_LATENCY_S,
-    _openai_overrides,
-    _stub_run,
+    Stopwatch,
     compose_cfg,
     environment,
-    fresh_http_clients,
+    openai_overrides,
     process_cpu_s,
-    stub_process,
     stub_requests,
+    stub_run,
     timed_run,
 )
+from experiments.perf.servers import openai_stub
 
 TARGETS = {16: 1.3, 64: 1.5}
 """Wall time at this many questions in flight may be at most this multiple of the ideal."""
@@ -82,7 +83,7 @@ def questions_for(level: int, least: int = MIN_QUESTIONS) -> int:
 
 def _overrides(questions: int, level: int, workers: str = "auto") -> list[str]:
     return [
-        *_openai_overrides(questions),
+        *openai_overrides(questions),
         "experiment.cache=false",
         f"experiment.concurrency={level}",
         f"experiment.workers={workers}",
@@ -106,42 +107,21 @@ def _stub_pid() -> int | None:
 
 
 def _pooled_run(folder: Path, base_url: str, *overrides: str) -> dict[str, Any]:
-    """One run against the stub with the evaluation timed as `_evaluate_repeats` (in this
-    process or over workers), and the CPU of each process: this one during the evaluation,
-    each worker's (as it reports when stopped) and the stub's."""
-    from experiments.harness import run as run_module
+    """One run against the stub with the evaluation timed (in this process or over workers),
+    and the CPU of each process: this one during the evaluation, the workers' (reaped children,
+    their start-up included), the trace writer's and the stub's (from /proc)."""
     from experiments.harness import workers
     from experiments.results import traces
 
-    fresh_http_clients()
     cfg = compose_cfg(folder, *overrides)
-    reports: list[dict[str, float]] = []
-    close = workers.WorkerPool.close
-    finish = traces.TraceWriter.finish
-    writer_cpu: list[float] = []
-
-    def keep_reports(pool: workers.WorkerPool, *, graceful: bool = True) -> None:
-        close(pool, graceful=graceful)
-        reports.extend(worker.cpu_s for worker in pool.workers)
-
-    kept = traces._shared  # a writer kept from an earlier run: count only this run's CPU
-    writer_before = process_cpu_s(kept.pid) if kept is not None and kept._alive() else 0.0
-
-    def writer_cpu_then_finish(writer: traces.TraceWriter) -> None:
-        before = writer_before if writer is kept else 0.0
-        writer_cpu.append(process_cpu_s(writer.pid) - before)  # once every row was sent
-        finish(writer)
-
+    writer = traces.shared() if cfg.tracking.enabled and cfg.tracking.traces else None
+    writer_before = process_cpu_s(writer.pid) if writer is not None else 0.0
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     stub = _stub_pid()
     stub_cpu = process_cpu_s(stub) if stub else 0.0
     before = stub_requests(base_url)
-    workers.WorkerPool.close = keep_reports  # type: ignore[method-assign,assignment]
-    traces.TraceWriter.finish = writer_cpu_then_finish  # type: ignore[method-assign,assignment]
-    try:
-        result, watch, wall = timed_run(cfg, extra={"evaluate": (run_module, "_evaluate_repeats")})
-    finally:
-        workers.WorkerPool.close = close  # type: ignore[method-assign]
-        traces.TraceWriter.finish = finish  # type: ignore[method-assign]
+    result, watch, wall = timed_run(cfg)
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
     questions = float(len(result.rows))
     return {
         "questions": questions,
@@ -150,11 +130,12 @@ def _pooled_run(folder: Path, base_url: str, *overrides: str) -> dict[str, Any]:
         "recorded_calls": sum(row.values.get("llm_calls", 0.0) for row in result.rows),
         "evaluate_s": watch.seconds["evaluate"],
         "evaluate_cpu_s": watch.cpu["evaluate"],
-        "workers_cpu_s": sum(r.get("answer", 0.0) for r in reports),
-        "workers_build_cpu_s": sum(r.get("build", 0.0) for r in reports),
-        "workers_build_wall_s": max((r.get("build_wall", 0.0) for r in reports), default=0.0),
+        "workers_cpu_s": (reaped.ru_utime - children.ru_utime)
+        + (reaped.ru_stime - children.ru_stime),
+        "workers_build_cpu_s": 0.0,  # not told apart from answering without patching the pool
+        "workers_build_wall_s": 0.0,
         "stub_cpu_s": (process_cpu_s(stub) - stub_cpu) if stub else float("nan"),
-        "trace_writer_cpu_s": sum(writer_cpu),
+        "trace_writer_cpu_s": (process_cpu_s(writer.pid) - writer_before) if writer else 0.0,
         "load_1min": os.getloadavg()[0],
         "setup_s": watch.seconds["setup"],
         "wall_s": wall,
@@ -213,25 +194,25 @@ def cpu_by_component(stats: pstats.Stats) -> dict[str, float]:
     return seconds
 
 
-@contextmanager
-def profiling(profile: cProfile.Profile) -> Iterator[None]:
-    """Profile `Evaluator.run` (the evaluation only) while the block runs."""
-    from experiments.harness.evaluate import Evaluator
+class Profiled(Stopwatch):
+    """Phases timed, and the evaluation profiled (CPU, not waiting)."""
 
-    original = Evaluator.run
+    def __init__(self, profile: cProfile.Profile) -> None:
+        super().__init__()
+        self.profile = profile
 
-    async def run(self: Evaluator, *args: Any, **kwargs: Any) -> Any:
-        profile.enable()
-        try:
-            return await original(self, *args, **kwargs)
-        finally:
-            profile.disable()
-
-    Evaluator.run = run  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        Evaluator.run = original  # type: ignore[method-assign]
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time the phase; profile it when it is the evaluation."""
+        with super().phase(name):
+            if name != "evaluate":
+                yield
+                return
+            self.profile.enable()
+            try:
+                yield
+            finally:
+                self.profile.disable()
 
 
 def measure(
@@ -249,7 +230,7 @@ def measure(
     profiled: dict[str, float] = {}
     with (
         tempfile.TemporaryDirectory() as tmp,
-        stub_process(latency_s) as base_url,
+        openai_stub("--latency", str(latency_s)) as (base_url, _),
         environment(OPENAI_API_KEY="bench", OPENAI_BASE_URL=base_url, **QUIET_ENV),
     ):
         folder = Path(tmp)
@@ -283,8 +264,9 @@ def measure(
         if profile_at is not None:
             count = questions_for(profile_at, least)
             profile = cProfile.Profile(time.process_time)  # CPU, not waiting
-            with profiling(profile):
-                plain = _stub_run(folder, base_url, *_overrides(count, profile_at, "1"))
+            plain = stub_run(
+                folder, base_url, *_overrides(count, profile_at, "1"), hooks=Profiled(profile)
+            )
             stats = pstats.Stats(profile)
             profiled = cpu_by_component(stats)
             total = sum(profiled.values()) or 1.0

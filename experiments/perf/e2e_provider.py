@@ -73,14 +73,14 @@ async def served(stub: StubServer, strategy: str, folder: Path) -> list[str]:
     problems: list[str] = []
     transport = httpx.ASGITransport(app=create_app(pipeline))
     # addressed to a host the API serves (others answer 421)
-    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as api:
         thread = None
         for turn, question in enumerate(CONVERSATION, 1):
             body: dict[str, Any] = {"question": question}
             if thread:
                 body["thread_id"] = thread
             start = time.monotonic()
-            response = await client.post("/api/ask", json=body, timeout=600)
+            response = await api.post("/api/ask", json=body, timeout=600)
             took = time.monotonic() - start
             where = f"API {strategy} turn {turn}"
             data = response.json()

@@ -9,13 +9,8 @@ tests compose it) into a temporary store, MLflow database, journal folder and ca
 from __future__ import annotations
 
 import contextlib
-import functools
-import inspect
 import io
 import os
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -32,6 +27,7 @@ from caprag.steps.analyze import SufficiencyDecision
 from caprag.steps.assess import ConfidenceAssessment
 from caprag.steps.classify import QueryClass
 from caprag.steps.generate import GeneratedAnswer
+from experiments.harness.hooks import RunHooks
 
 CONF = PROJECT_ROOT / "conf"
 STUB_LATENCY_S = 0.2
@@ -133,81 +129,45 @@ def environment(**values: str) -> Iterator[None]:
                 os.environ[key] = value
 
 
-class Stopwatch:
-    """Seconds spent inside chosen functions while the block runs (thread-safe sums)."""
+class Stopwatch(RunHooks):
+    """Seconds (and CPU seconds of the whole process) spent in each phase of a run, handed to
+    `run(cfg, hooks=...)`: the phases the harness reports (experiments.harness.hooks)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, reuse_rows: bool = True) -> None:
         self.seconds: dict[str, float] = {}
         self.cpu: dict[str, float] = {}
-        """CPU seconds of the whole process (all threads) while inside the label's function."""
+        """CPU seconds of the whole process (all threads) during the phase."""
         self.calls: dict[str, int] = {}
-        self._lock = threading.Lock()
+        self.reuse_rows = reuse_rows
 
     def _add(self, label: str, seconds: float, cpu: float) -> None:
-        with self._lock:
-            self.seconds[label] = self.seconds.get(label, 0.0) + seconds
-            self.cpu[label] = self.cpu.get(label, 0.0) + cpu
-            self.calls[label] = self.calls.get(label, 0) + 1
-
-    def _wrap(self, label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        if inspect.iscoroutinefunction(fn):
-
-            @functools.wraps(fn)
-            async def timed_async(*args: Any, **kwargs: Any) -> Any:
-                start, cpu = time.perf_counter(), time.process_time()
-                try:
-                    return await fn(*args, **kwargs)
-                finally:
-                    self._add(label, time.perf_counter() - start, time.process_time() - cpu)
-
-            return timed_async
-
-        @functools.wraps(fn)
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            start, cpu = time.perf_counter(), time.process_time()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self._add(label, time.perf_counter() - start, time.process_time() - cpu)
-
-        return timed
+        self.seconds[label] = self.seconds.get(label, 0.0) + seconds
+        self.cpu[label] = self.cpu.get(label, 0.0) + cpu
+        self.calls[label] = self.calls.get(label, 0) + 1
 
     @contextlib.contextmanager
-    def watching(self, targets: dict[str, tuple[object, str]]) -> Iterator[Stopwatch]:
-        """Time `owner.name` under each label for the duration of the block."""
-        with contextlib.ExitStack() as stack:
-            for label, (owner, name) in targets.items():
-                original = getattr(owner, name)
-                setattr(owner, name, self._wrap(label, original))
-                stack.callback(setattr, owner, name, original)
-            yield self
+    def phase(self, name: str) -> Iterator[None]:
+        """Time one phase of the run."""
+        start, cpu = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            self._add(name, time.perf_counter() - start, time.process_time() - cpu)
 
 
 def timed_run(
-    cfg: DictConfig, extra: dict[str, tuple[object, str]] | None = None
+    cfg: DictConfig, *, reuse_rows: bool = True, hooks: Stopwatch | None = None
 ) -> tuple[Any, Stopwatch, float]:
-    """run(cfg) with its phases (and any `extra` functions) timed, its printout swallowed:
+    """run(cfg) with its phases timed (by `hooks` when given), its printout swallowed:
     (result, phases, wall seconds)."""
-    from caprag.store import PassageIndex
-    from experiments.harness import build as build_module  # run() imports build_components there
     from experiments.harness import run as run_module
-    from experiments.harness.evaluate import Evaluator
-    from experiments.results import tracking
 
-    watch = Stopwatch()
-    targets: dict[str, tuple[object, str]] = {
-        "setup": (build_module, "build_components"),
-        "evaluate": (Evaluator, "run"),
-        "scoring": (Evaluator, "_score"),
-        "retrieval": (PassageIndex, "search"),
-        "mlflow_params": (tracking, "log_config"),
-        "mlflow_results": (tracking, "log_results"),
-        **(extra or {}),
-    }
+    watch = hooks or Stopwatch()
+    watch.reuse_rows = reuse_rows
     quiet = contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO())
-    with watch.watching(targets), quiet[0], quiet[1]:
+    with quiet[0], quiet[1]:
         start, cpu = time.perf_counter(), time.process_time()
-        result = run_module.run(cfg)
+        result = run_module.run(cfg, hooks=watch)
         wall = time.perf_counter() - start
         watch._add("run", wall, time.process_time() - cpu)
     failed = [row.error for row in result.rows if row.status != "ok"]
@@ -219,37 +179,6 @@ def timed_run(
 # --- the stub server in its own process ------------------------------------------------------
 
 
-@contextlib.contextmanager
-def stub_process(latency_s: float, ready_timeout_s: float = 60.0) -> Iterator[str]:
-    """`python -m experiments.openai_stub` in a subprocess (no GIL shared with the harness)."""
-    command = [sys.executable, "-m", "experiments.openai_stub", "--latency", str(latency_s)]
-    process = subprocess.Popen(
-        command,
-        cwd=PROJECT_ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert process.stdout is not None
-        deadline = time.monotonic() + ready_timeout_s
-        base_url = process.stdout.readline().strip()
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{base_url}/stats", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline or process.poll() is not None:
-                raise RuntimeError(f"the stub server did not start (printed {base_url!r})")
-            time.sleep(0.1)
-        yield base_url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
-
-
 def stub_requests(base_url: str) -> int:
     """Chat completions the stub has answered so far."""
     return int(httpx.get(f"{base_url}/stats", timeout=10).json()["requests"])
@@ -258,7 +187,7 @@ def stub_requests(base_url: str) -> int:
 # --- runs against the stub (experiments/perf/concurrency.py and cache.py) -----------------------
 
 
-def _openai_overrides(questions: int) -> list[str]:
+def openai_overrides(questions: int) -> list[str]:
     return [
         "llm=openai",
         "strategy=multi-hop",
@@ -268,25 +197,17 @@ def _openai_overrides(questions: int) -> list[str]:
     ]
 
 
-def fresh_http_clients() -> None:
-    """Drop langchain-openai's process-wide httpx client (one per base URL and timeout).
-
-    Its pooled keep-alive connections belong to the event loop of the run that opened them; the
-    next `asyncio.run` in the same process reuses them, the first requests fail, and the openai
-    client sends them again (the server counts both, and the retry backs off 0.5-1 s). A single
-    CLI run never meets this; runs in one process (these benchmarks, a basic-launcher sweep,
-    `experiment.repeats` > 1) do. Each benchmark run starts clean, as a CLI run would.
-    """
-    from langchain_openai.chat_models import _client_utils
-
-    _client_utils._cached_async_httpx_client.cache_clear()
-
-
-def _stub_run(folder: Path, base_url: str, *overrides: str) -> dict[str, float]:
+def stub_run(
+    folder: Path,
+    base_url: str,
+    *overrides: str,
+    reuse_rows: bool = True,
+    hooks: Stopwatch | None = None,
+) -> dict[str, float]:
     """One run against the stub: its LLM calls as the stub counted them, and its times."""
-    fresh_http_clients()
     before = stub_requests(base_url)
-    result, watch, wall = timed_run(compose_cfg(folder, *overrides))
+    cfg = compose_cfg(folder, *overrides)
+    result, watch, wall = timed_run(cfg, reuse_rows=reuse_rows, hooks=hooks)
     calls = stub_requests(base_url) - before
     recorded = sum(row.values.get("llm_calls", 0.0) for row in result.rows)
     cached = sum(row.values.get("llm_calls_cached", 0.0) for row in result.rows)

@@ -129,7 +129,7 @@ def topics(corpus: Path, count: int) -> list[str]:
 
 
 async def converse(
-    client: httpx.AsyncClient, topic: str, others: Sequence[str], turns: int, result: LoadResult
+    http: httpx.AsyncClient, topic: str, others: Sequence[str], turns: int, result: LoadResult
 ) -> None:
     """One conversation: name the topic, then follow-ups that only make sense on this thread."""
     thread: str | None = None
@@ -140,7 +140,7 @@ async def converse(
             body["thread_id"] = thread
         start = time.perf_counter()
         try:
-            response = await client.post("/api/ask", json=body)
+            response = await http.post("/api/ask", json=body)
         except httpx.HTTPError as exc:
             result.errors.append(f"{topic} turn {number}: {type(exc).__name__}: {exc}")
             return
@@ -188,8 +188,8 @@ async def drive(
     # counted as not finished, never as an error.
     async with httpx.AsyncClient(
         base_url=base_url, timeout=None, limits=limits, transport=transport
-    ) as client:
-        tasks = {n: asyncio.create_task(converse(client, n, names, turns, result)) for n in names}
+    ) as http:
+        tasks = {n: asyncio.create_task(converse(http, n, names, turns, result)) for n in names}
         try:
             await clock.bounded(asyncio.gather(*tasks.values()), timeout_s)
         except TimeoutError:

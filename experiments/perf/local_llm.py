@@ -250,9 +250,9 @@ def check(server: LocalServer, cap: int = 16) -> list[str]:
     """Ask for a json_schema reply and a capped chat; print what came back; return problems."""
     problems: list[str] = []
     question = [{"role": "user", "content": "What is the capital of France?"}]
-    with httpx.Client(base_url=server.base_url, timeout=120) as client:
+    with httpx.Client(base_url=server.base_url, timeout=120) as http:
         started = time.monotonic()
-        reply = client.post(
+        reply = http.post(
             "/chat/completions",
             json={
                 "model": server.model,
@@ -276,7 +276,7 @@ def check(server: LocalServer, cap: int = 16) -> list[str]:
                 problems.append(f"the json_schema reply lacks required keys: {parsed}")
 
         started = time.monotonic()
-        reply = client.post(
+        reply = http.post(
             "/chat/completions",
             json={
                 "model": server.model,

@@ -15,16 +15,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import math
-import random
 import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from statistics import NormalDist
 from typing import Any
 
 REPLY_WORDS = 12
@@ -275,20 +276,34 @@ def _error(message: str, kind: str) -> dict[str, Any]:
 @dataclass(frozen=True)
 class LatencyProfile:
     """A provider's latency: each reply's time drawn from a log-normal with median `p50_s` and
-    95th percentile `p95_s` (seeded, so a run draws the same times), of which the first
-    `first_byte_s` pass before the status line and headers are sent."""
+    95th percentile `p95_s`, of which the first `first_byte_s` pass before the status line and
+    headers are sent. A request's draw is a function of the seed, its messages and how often those
+    messages came before, so a rerun of the same questions meets the same latencies whatever order
+    its requests arrive in (traces on and off, 16 or 64 in flight)."""
 
     p50_s: float
     p95_s: float
     first_byte_s: float = 0.0
     seed: int = 0
 
-    def draws(self) -> Iterator[float]:
-        """Seconds per reply, in order."""
-        sigma = math.log(self.p95_s / self.p50_s) / 1.645 if self.p95_s > self.p50_s else 0.0
-        draw = random.Random(self.seed)
-        while True:
-            yield max(self.first_byte_s, draw.lognormvariate(math.log(self.p50_s), sigma))
+    def draw(self, key: str, occurrence: int) -> float:
+        """Seconds for the `occurrence`-th request (0-based) whose messages are `key`."""
+        digest = hashlib.sha256(f"{self.seed}/{key}/{occurrence}".encode()).digest()
+        uniform = (int.from_bytes(digest[:8], "big") + 0.5) / 2**64
+        spread = self.p95_s / self.p50_s if self.p95_s > self.p50_s else 1.0
+        sigma = math.log(spread) / NormalDist().inv_cdf(0.95)
+        return max(self.first_byte_s, self.p50_s * math.exp(sigma * NormalDist().inv_cdf(uniform)))
+
+
+def request_key(messages: Iterable[Mapping[str, Any]]) -> str:
+    """What identifies a request for its latency draw: its messages' roles and texts."""
+    return json.dumps([(m.get("role"), _content(m)) for m in messages], sort_keys=True)
+
+
+PROVIDER = LatencyProfile(p50_s=0.8, p95_s=3.0, seed=7)
+"""`--provider`: a hosted model's latency for a structured reply."""
+PROVIDER_FAULTS_EVERY = 50
+"""`--provider`: every 50th request (2 %) answered at once with a 429 and `Retry-After: 1`."""
 
 
 @dataclass(frozen=True)
@@ -352,12 +367,13 @@ class StubServer:
         moves its own clock there, so a scripted latency costs no real time."""
         self.profile = profile
         """Latency per reply drawn from a provider's profile (replaces `latency_s`)."""
-        self._draws = profile.draws() if profile is not None else None
+        self.seen: dict[str, int] = {}
+        """With `profile`: how often each request's messages came (its next draw)."""
         self.faults = faults
         """429s and bursts of 500s among the replies the script does not give."""
         self.log: list[dict[str, Any]] = []
         """Every chat completion: arrival (monotonic s), its body (JSON), status, Retry-After,
-        the usage it reported."""
+        the usage it reported; with `profile`, its messages' key and the seconds drawn for it."""
         self.in_flight = 0
         self.max_in_flight = 0
         """The most chat completions being answered at one moment."""
@@ -400,26 +416,33 @@ class StubServer:
             fault = self.faults.reply(self.requests) if self.faults is not None else None
             return fault if fault is not None else self.default
 
-    def record(self, response: Response, arrived: float, body: Mapping[str, Any]) -> None:
+    def record(
+        self, response: Response, arrived: float, body: Mapping[str, Any], seconds: float = 0.0
+    ) -> None:
         """Keep one answered request in `log` (what a provider's bill and limits rest on)."""
         payload = response.payload if isinstance(response.payload, dict) else {}
+        entry = {
+            "arrived": arrived,
+            "body": json.dumps(body, sort_keys=True),
+            "status": response.status,
+            "retry_after": response.headers.get("retry-after"),
+            "usage": payload.get("usage"),
+        }
+        if self.profile is not None:
+            entry["key"] = request_key(body.get("messages", []))
+            entry["seconds"] = seconds if response.status == 200 else 0.0
         with self._lock:
-            self.log.append(
-                {
-                    "arrived": arrived,
-                    "body": json.dumps(body, sort_keys=True),
-                    "status": response.status,
-                    "retry_after": response.headers.get("retry-after"),
-                    "usage": payload.get("usage"),
-                }
-            )
+            self.log.append(entry)
 
     def delay_s(self, body: Mapping[str, Any]) -> float:
         """Seconds this request waits before its answer is sent."""
-        if self._draws is not None:
-            with self._lock:
-                return next(self._draws)
-        return self.latency_s
+        if self.profile is None:
+            return self.latency_s
+        key = request_key(body.get("messages", []))
+        with self._lock:
+            occurrence = self.seen.get(key, 0)
+            self.seen[key] = occurrence + 1
+        return self.profile.draw(key, occurrence)
 
     def enter(self) -> None:
         """One more request in flight; with `hold_until`, wait for the others to arrive."""
@@ -518,6 +541,15 @@ def _handler(stub: StubServer) -> type[BaseHTTPRequestHandler]:
                 self._send(200, {"status": "ok"})
             elif self.path.rstrip("/").endswith("/stats"):  # for a stub in another process
                 self._send(200, {"requests": stub.requests, "latency_s": stub.latency_s})
+            elif self.path.rstrip("/").endswith("/served"):  # the latencies drawn, in order
+                with stub._lock:
+                    served = [{k: v for k, v in e.items() if k != "body"} for e in stub.log]
+                self._send(200, {"served": served})
+            elif self.path.rstrip("/").endswith("/restart_draws"):  # a rerun meets the same draws
+                with stub._lock:
+                    stub.seen.clear()
+                    count = len(stub.log)
+                self._send(200, {"served": count})
             else:
                 self._send(404, {"error": {"message": f"no route {self.path}"}})
 
@@ -541,7 +573,7 @@ def _handler(stub: StubServer) -> type[BaseHTTPRequestHandler]:
             try:
                 delay = stub.delay_s(body)
                 if stub.profile is not None and response.status == 200:
-                    stub.record(response, arrived, body)
+                    stub.record(response, arrived, body, delay)
                     stub.stopped.wait(stub.profile.first_byte_s)
                     send_slowly(self, response, delay - stub.profile.first_byte_s, stub.stopped)
                     return
@@ -567,8 +599,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.openai_stub", description=__doc__)
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--latency", type=float, default=0.0, help="seconds per request")
+    parser.add_argument(
+        "--provider",
+        action="store_true",
+        help="a provider's latency instead: log-normal p50 0.8 s, p95 3 s; every 50th request "
+        "(2%%) a 429 with Retry-After: 1",
+    )
+    parser.add_argument("--seed", type=int, default=PROVIDER.seed, help="seed of --provider")
     args = parser.parse_args(argv)
-    stub = StubServer(latency_s=args.latency, port=args.port)
+    provider = dataclasses.replace(PROVIDER, seed=args.seed) if args.provider else None
+    faults = Faults(rate_limit_every=PROVIDER_FAULTS_EVERY) if args.provider else None
+    stub = StubServer(latency_s=args.latency, port=args.port, profile=provider, faults=faults)
     print(stub.base_url, flush=True)
     try:
         stub.server.serve_forever()

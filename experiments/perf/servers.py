@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -28,8 +31,9 @@ def running(
     env: dict[str, str],
     log_path: Path,
     ready_timeout_s: float = 300.0,
-) -> Iterator[None]:
-    """Run `command` until the block ends; ready when `health_url` answers 200 (bounded wait)."""
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run `command` until the block ends; ready when `health_url` answers 200 (bounded wait).
+    The block gets the process."""
     with log_path.open("w") as log:
         process = subprocess.Popen(
             list(command), cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
@@ -46,7 +50,7 @@ def running(
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{health_url} was not ready in {ready_timeout_s:.0f}s")
                 time.sleep(0.5)
-            yield
+            yield process
         finally:
             process.terminate()
             try:
@@ -54,3 +58,14 @@ def running(
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def openai_stub(*options: str) -> Iterator[tuple[str, int]]:
+    """`python -m experiments.openai_stub` with these options in its own process (no GIL shared
+    with the harness): (base URL, pid) once it answers."""
+    port = free_port()
+    command = [sys.executable, "-m", "experiments.openai_stub", "--port", str(port), *options]
+    log_path = Path(tempfile.gettempdir()) / f"caprag-stub-{port}.log"
+    with running(command, f"http://127.0.0.1:{port}/stats", dict(os.environ), log_path) as stub:
+        yield f"http://127.0.0.1:{port}/v1", stub.pid

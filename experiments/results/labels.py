@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from mlflow.entities import AssessmentSource, AssessmentSourceType
 from mlflow.tracing.constant import AssessmentMetadataKey
 
+from experiments.results.traces import CASE_TAG
 from experiments.results.tracking import mlflow
 
 LABEL = "human_label"
@@ -46,16 +47,16 @@ def log_label(trace_id: str, run_id: str, reason: str, note: str = "", by: str =
     )
 
 
-def labels_of(experiment_id: str, run_id: str, traces: Mapping[str, str]) -> dict[str, Label]:
-    """The latest human label of each question of a run, by question id (`traces`: trace id →
-    question id; a question asked in repeats has a trace each); questions nobody labelled are
-    left out."""
+def labels_of(experiment_id: str, run_id: str, cases: Mapping[str, str]) -> dict[str, Label]:
+    """The latest human label of each question of a run, by question id (`cases`: case →
+    question id, a case being the 'repeat:question id' its trace is tagged with; a question asked
+    in repeats has a trace each); questions nobody labelled are left out."""
     found = mlflow.search_traces(
         locations=[experiment_id], run_id=run_id, include_spans=False, return_type="list"
     )
     labels: dict[str, Label] = {}
     for trace in found:
-        question = traces.get(trace.info.trace_id)
+        question = cases.get(str(trace.info.tags.get(CASE_TAG, "")))
         if question is None:
             continue
         for assessment in trace.info.assessments or []:

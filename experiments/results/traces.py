@@ -4,11 +4,12 @@ Each trace is built from the question's row (the same object the journal keeps) 
 timestamps: the question starts at the wall-clock time it was asked (`QuestionRow.started_ns`),
 each LLM call at the time it was made (`started_at` of its usage), nodes and hops last as long as
 the pipeline measured. A `TraceWriter` process receives the rows as each question finishes and
-writes whatever is waiting as one batch through MLflow's batch span API (one transaction per batch,
-plus one to link the batch to the run), so answering never waits on the store; at the end it sends
-back the traces it wrote, and the harness searches the store only for the rest. Trace and span
-ids derive from the run and the case: writing a trace again (a resumed run) replaces it instead of
-adding a second one.
+writes whatever is waiting through MLflow's public tracing API (`MlflowClient.start_trace`,
+`start_span`, `end_span`, `end_trace` with each span's real start and end times; then
+`mlflow.log_assessment`; then `link_traces_to_run`), so answering never waits on the store; at
+the end it sends back the traces it wrote, and the harness searches the store only for the rest.
+MLflow makes the trace ids; a trace is found by its run and its `caprag.case` tag (`find_trace`).
+Writing a trace again (a resumed run) deletes the earlier one of the case first.
 
 What a trace holds, so MLflow's trace list can filter and compare questions:
 - tags: case, question id, set, query type, turn, status and strategy (`caprag.*`), e.g.
@@ -16,8 +17,8 @@ What a trace holds, so MLflow's trace list can filter and compare questions:
 - assessments: each of the row's scores (`values`: recall@k, all-gold, MRR, F1, correct
   refusal...) as a Feedback from CODE named after the metric, each metric the row could not
   compute as a Feedback carrying its reason as error, and the gold answer and passages as
-  Expectations (`feedback.recall_at_k < 1` filters). A SQL store gets a batch's assessments in one
-  more transaction (bulk rows, as `start_trace` would add them); other stores one call each;
+  Expectations (`feedback.recall_at_k < 1` filters), one `log_assessment` call each (MLflow has no
+  public batch call for assessments of a written trace: ~17 calls a trace, in the writer process);
 - content: a hop span's outputs are its documents in MLflow's retriever format (passage text where
   the row kept it: see `row.PASSAGE_CHARS`), an LLM call's span has its messages and reply in
   the OpenAI chat format (inputs `messages`, outputs `choices`) and `mlflow.chat.messages`;
@@ -29,8 +30,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import functools
-import hashlib
 import math
 import multiprocessing
 import os
@@ -50,28 +49,22 @@ from mlflow.entities import (
     AssessmentSourceType,
     Expectation,
     Feedback,
-    Span,
+    SpanEvent,
+    SpanStatus,
+    SpanStatusCode,
     SpanType,
-    TraceData,
-    TraceInfo,
-    TraceLocation,
-    TraceState,
 )
-from mlflow.store.tracking.abstract_store import AbstractStore
-from mlflow.tracing.client import TracingClient
-from mlflow.tracing.constant import (
-    AssessmentMetadataKey,
-    SpanAttributeKey,
-    TraceMetadataKey,
-    TraceTagKey,
-)
-from mlflow.tracing.utils import dump_span_attribute_value
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan
-from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
+from mlflow.tracing.constant import AssessmentMetadataKey, SpanAttributeKey
 
 from caprag.schemas import CallUsage, RetrievedRef
 from experiments.results.row import QuestionRow
+
+# The writer is a fork of the harness: with no pooled SQL connections (a documented MLflow
+# setting), it inherits none that its parent goes on using. Costs a connect per store session.
+os.environ.setdefault("MLFLOW_SQLALCHEMYSTORE_POOLCLASS", "NullPool")
+# Traces are exported as each ends, in the writer: MLflow's background export threads contend
+# for a SQLite store's lock and lose traces ("database is locked": 2 of 150 seen).
+os.environ.setdefault("MLFLOW_ENABLE_ASYNC_TRACE_LOGGING", "false")
 
 CASE_TAG = "caprag.case"
 """Trace tag naming the case (repeat:question id) a trace belongs to."""
@@ -80,11 +73,11 @@ SCORER = AssessmentSource(source_type=AssessmentSourceType.CODE, source_id="capr
 CHAT_MESSAGES = "mlflow.chat.messages"
 """Span attribute the MLflow UI reads a chat span's conversation from (messages, then reply)."""
 BATCH = 64
-"""Traces the writer puts in one transaction at most (it writes whatever is waiting, up to this)."""
+"""Traces the writer takes in one batch at most (it writes whatever is waiting, up to this)."""
 LINGER_S = 0.1
-"""Seconds the writer gathers rows after the first of a batch: a transaction's fixed cost shared by
-~8 traces instead of ~2 costs about 5.5 instead of 8 ms of CPU per trace. The end of a run does not
-wait for it: told to flush or stop, the writer writes what it has at once."""
+"""Seconds the writer gathers rows after the first of a batch (one search for earlier traces and
+one link call per batch). The end of a run does not wait for it: told to flush or stop, the writer
+writes what it has at once."""
 FLUSH = "flush"
 """Tells the writer to write what it has at once and send the list of what it wrote."""
 LINKS_PER_CALL = 100
@@ -124,46 +117,30 @@ def case_of(row: QuestionRow) -> str:
     return case_key(row.repeat, row.question_id)
 
 
-@functools.cache
-def _resource() -> Resource:
-    """The OpenTelemetry resource of every span: what `ReadableSpan` would detect for each span
-    (service name, SDK; MLflow stores its attributes as trace tags), detected once per process
-    instead of per span (detection starts a thread pool: ~1.5 ms a span)."""
-    return Resource.create()
+@dataclass
+class PlannedSpan:
+    """One span of a trace as it will be written: where it sits, what it holds, when it ran."""
 
-
-def _digest(*parts: str) -> bytes:
-    return hashlib.sha256("/".join(parts).encode()).digest()
-
-
-def _otel_id(run_id: str, case: str) -> int:
-    return int.from_bytes(_digest(run_id, case)[:16], "big")
-
-
-def _trace_id(otel_id: int) -> str:
-    return f"tr-{otel_id:032x}"
-
-
-def trace_id_of(run_id: str, case: str) -> str:
-    """The MLflow id of the trace of a run's case ('repeat:question id'): ids derive from both,
-    so a link to a question's trace needs no look-up."""
-    return _trace_id(_otel_id(run_id, case))
+    key: int
+    parent: int | None
+    name: str
+    kind: str
+    inputs: Any
+    outputs: Any
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, Any]
+    error: str = ""
 
 
 @dataclass
 class _Trace:
-    """The spans of one question's trace, built parent first."""
+    """The spans of one question's trace (the root first, every parent before its children)."""
 
     target: Target
     row: QuestionRow
-    otel_id: int = 0
-    trace_id: str = ""
-    spans: list[Span] = field(default_factory=list)
+    spans: list[PlannedSpan] = field(default_factory=list)
     ids: int = 0
-
-    def __post_init__(self) -> None:
-        self.otel_id = _otel_id(self.target.run_id, case_of(self.row))
-        self.trace_id = _trace_id(self.otel_id)
 
     @property
     def tags(self) -> dict[str, str]:
@@ -176,44 +153,50 @@ class _Trace:
             "caprag.turn": str(row.turn),
             "caprag.status": row.status,
             "caprag.strategy": self.target.strategy,
-            TraceTagKey.TRACE_NAME: f"question {row.question_id}",
         }
 
     def assessments(self) -> list[Assessment]:
         """The row's scores as Feedback (a metric it could not compute: its reason as error) and
-        its gold answer and passages as Expectations; ids derive from the trace and the name, so
-        a rewrite replaces them."""
+        its gold answer and passages as Expectations."""
         row = self.row
         metadata = {AssessmentMetadataKey.SOURCE_RUN_ID: self.target.run_id}
         found: list[Assessment] = []
         missing = dict(row.missing)
         for name, value in sorted(row.values.items()):
             if math.isfinite(value):
-                found.append(Feedback(name=name, value=float(value), source=SCORER))
+                found.append(
+                    Feedback(name=name, value=float(value), source=SCORER, metadata=metadata)
+                )
             else:
                 missing.setdefault(name, f"not a number ({value})")
         found += [
-            Feedback(name=name, error=AssessmentError("NOT_COMPUTED", reason), source=SCORER)
+            Feedback(
+                name=name,
+                error=AssessmentError("NOT_COMPUTED", reason),
+                source=SCORER,
+                metadata=metadata,
+            )
             for name, reason in sorted(missing.items())
             if name not in row.values or not math.isfinite(row.values[name])
         ]
         if row.gold_answer:
-            found.append(Expectation(name="gold_answer", value=row.gold_answer, source=SCORER))
+            found.append(
+                Expectation(
+                    name="gold_answer", value=row.gold_answer, source=SCORER, metadata=metadata
+                )
+            )
         if row.gold_ids:
-            found.append(Expectation(name="gold_passages", value=row.gold_ids, source=SCORER))
-        for assessment in found:
-            kind = "feedback" if isinstance(assessment, Feedback) else "expectation"
-            assessment.trace_id = self.trace_id
-            assessment.metadata = metadata
-            assessment.assessment_id = (
-                "a-" + _digest(self.trace_id, kind, assessment.name)[:16].hex()
+            found.append(
+                Expectation(
+                    name="gold_passages", value=row.gold_ids, source=SCORER, metadata=metadata
+                )
             )
         return found
 
     def new_id(self) -> int:
-        """The next span id: the same for the same trace and position, so a rewrite replaces."""
+        """The next span's key (its place in this trace)."""
         self.ids += 1
-        return int.from_bytes(_digest(self.trace_id, str(self.ids))[:8], "big") or 1
+        return self.ids
 
     def span(
         self,
@@ -228,73 +211,34 @@ class _Trace:
         span_id: int | None = None,
         error: str = "",
     ) -> int:
-        """Add a finished span (a root goes first); returns its id. A span with an error has
+        """Plan a finished span (a root goes first); returns its key. A span with an error gets
         status ERROR and an `exception` event carrying it."""
-        span_id = span_id or self.new_id()
-        values: dict[str, Any] = {
-            SpanAttributeKey.REQUEST_ID: self.trace_id,
-            SpanAttributeKey.SPAN_TYPE: kind,
-            **(attributes or {}),
-            SpanAttributeKey.INPUTS: inputs,
-            SpanAttributeKey.OUTPUTS: outputs,
-        }
-        if parent is None:
-            values.update({SpanAttributeKey.TRACE_TAG_PREFIX + k: v for k, v in self.tags.items()})
-        self.spans.insert(
-            0 if parent is None else len(self.spans),
-            Span(
-                ReadableSpan(
-                    name=name,
-                    context=self._context(span_id),
-                    parent=self._context(parent) if parent is not None else None,
-                    attributes={k: dump_span_attribute_value(v) for k, v in values.items()},
-                    start_time=start_ns,
-                    end_time=max(end_ns, start_ns),
-                    status=Status(StatusCode.ERROR, error) if error else Status(StatusCode.OK),
-                    events=[_exception(error, end_ns)] if error else [],
-                    resource=_resource(),
-                )
-            ),
+        key = span_id or self.new_id()
+        planned = PlannedSpan(
+            key,
+            parent,
+            name,
+            kind,
+            inputs,
+            outputs,
+            start_ns,
+            max(end_ns, start_ns),
+            dict(attributes or {}),
+            error,
         )
-        return span_id
-
-    def _context(self, span_id: int) -> SpanContext:
-        return SpanContext(
-            trace_id=self.otel_id,
-            span_id=span_id,
-            is_remote=False,
-            trace_flags=TraceFlags(TraceFlags.SAMPLED),
-        )
-
-    @property
-    def request_ms(self) -> int:
-        """When the question started (its root span), in ms."""
-        return self.spans[0].start_time_ns // 1_000_000
-
-    def info(self) -> TraceInfo:
-        """The trace's info, for stores that take whole traces (no span API)."""
-        root = self.spans[0]
-        return TraceInfo(
-            trace_id=self.trace_id,
-            trace_location=TraceLocation.from_experiment_id(self.target.experiment_id),
-            request_time=self.request_ms,
-            execution_duration=((root.end_time_ns or root.start_time_ns) - root.start_time_ns)
-            // 1_000_000,
-            state=TraceState.OK if self.row.status == "ok" else TraceState.ERROR,
-            trace_metadata={TraceMetadataKey.SOURCE_RUN: self.target.run_id},
-            tags=self.tags,
-        )
+        self.spans.insert(0 if parent is None else len(self.spans), planned)
+        return key
 
 
-def _exception(error: str, at_ns: int) -> Event:
-    """The OpenTelemetry exception event of a failed question (type and message as recorded)."""
+def _exception(error: str, at_ns: int) -> SpanEvent:
+    """The exception event of a failed question (type and message as recorded)."""
     kind, _, message = error.partition(": ")
     if not message:  # "timed out after 120s": no exception name recorded
         kind, message = "Error", error
-    return Event(
-        "exception",
-        {"exception.type": kind, "exception.message": message},
+    return SpanEvent(  # type: ignore[abstract]  # a dataclass; mypy sees an abstract base
+        name="exception",
         timestamp=at_ns,
+        attributes={"exception.type": kind, "exception.message": message},
     )
 
 
@@ -497,7 +441,7 @@ def build_trace(row: QuestionRow, target: Target) -> _Trace:
         row.timings.get("generate", 0.0),
         calls=generate_calls,
     )
-    end = max(end, max(s.end_time_ns or 0 for s in trace.spans), start + total_ns)
+    end = max(end, max(s.end_ns for s in trace.spans), start + total_ns)
     _root(trace, root, {"answer": row.answer, "gold_answer": row.gold_answer}, start, end)
     return trace
 
@@ -536,82 +480,87 @@ def _failed(trace: _Trace, timeline: _Timeline, start: int, total_ns: int) -> _T
     return trace
 
 
-def _store_writes_spans(client: TracingClient) -> bool:
-    """Whether the store takes spans in batches (SQL stores, a tracking server)."""
-    return type(client.store).log_spans is not AbstractStore.log_spans
+def _emit(client: mlflow.MlflowClient, trace: _Trace) -> str:
+    """Write one planned trace through MLflow's span API, each span with its own start and end
+    time (children end before their parents); returns the trace's id."""
+    root, *children = trace.spans
+    live = {
+        root.key: client.start_trace(
+            root.name,
+            span_type=root.kind,
+            inputs=root.inputs,
+            attributes=root.attributes,
+            tags=trace.tags,
+            experiment_id=trace.target.experiment_id,
+            start_time_ns=root.start_ns,
+            run_id=trace.target.run_id,
+        )
+    }
+    trace_id = live[root.key].trace_id
+    for span in children:
+        assert span.parent is not None
+        live[span.key] = client.start_span(
+            span.name,
+            trace_id=trace_id,
+            parent_id=live[span.parent].span_id,
+            span_type=span.kind,
+            inputs=span.inputs,
+            attributes=span.attributes,
+            start_time_ns=span.start_ns,
+        )
+    for span in reversed(children):
+        if span.error:
+            live[span.key].add_event(_exception(span.error, span.end_ns))
+        client.end_span(
+            trace_id,
+            live[span.key].span_id,
+            outputs=span.outputs,
+            status=_status(span.error),
+            end_time_ns=span.end_ns,
+        )
+    if root.error:
+        live[root.key].add_event(_exception(root.error, root.end_ns))
+    client.end_trace(
+        trace_id,
+        outputs=root.outputs,
+        status=_status(root.error),
+        end_time_ns=root.end_ns,
+    )
+    return trace_id
+
+
+def _status(error: str) -> SpanStatus:
+    return SpanStatus(SpanStatusCode.ERROR, error) if error else SpanStatus(SpanStatusCode.OK)
 
 
 def write_traces(rows: Sequence[QuestionRow], target: Target) -> list[str]:
-    """Write the traces of rows (answered or failed) in one batch; returns their cases.
+    """Write the traces of rows (answered or failed), replacing any earlier trace of the same
+    case in the run; returns their cases.
 
-    A store with the span API gets every span in one call, then the assessments, then the
-    traces are linked to the run; any other store (a file store) gets each trace whole."""
-    traces = [build_trace(row, target) for row in rows]
-    if not traces:
+    Spans go through MLflow's tracing API, then the assessments (`mlflow.log_assessment`), then
+    the traces are linked to the run (`link_traces_to_run`)."""
+    planned = [build_trace(row, target) for row in rows]
+    if not planned:
         return []
-    client = TracingClient(target.uri)
-    if _store_writes_spans(client):
-        client.log_spans(target.experiment_id, [s for trace in traces for s in trace.spans])
-    else:
-        for trace in traces:
-            info = client.start_trace(trace.info())
-            client._upload_trace_data(info, TraceData(spans=trace.spans))
-    _write_assessments(client, traces)
-    ids = [trace.trace_id for trace in traces]
-    runs = mlflow.MlflowClient(target.uri)
-    for at in range(0, len(ids), LINKS_PER_CALL):
-        runs.link_traces_to_run(ids[at : at + LINKS_PER_CALL], target.run_id)
-    return [case_of(trace.row) for trace in traces]
-
-
-def _write_assessments(client: TracingClient, traces: Sequence[_Trace]) -> None:
-    """The traces' assessments: into a SQL store as rows in one transaction (replacing the
-    scorer's earlier ones of these traces), into any other store one call each."""
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-
-    if not isinstance(client.store, SqlAlchemyStore):
-        for trace in traces:
-            for assessment in trace.assessments():
-                client.store.create_assessment(assessment)
-        return
-    # The same rows `SqlAlchemyStore.start_trace` adds for a trace's assessments (its one-by-one
-    # `create_assessment` costs a transaction per score).
-    from mlflow.store.tracking.dbmodels.models import SqlAssessments
-    from mlflow.store.tracking.utils.sql_trace_rollups import (
-        RollupFamily,
-        enqueue_rollup_rebuild_partitions,
-        rollups_enabled,
-    )
-
-    rows = []
-    for trace in traces:
-        for assessment in trace.assessments():
-            row = SqlAssessments.from_mlflow_entity(assessment)
-            row.experiment_id = int(trace.target.experiment_id)
-            row.trace_timestamp_ms = trace.request_ms
-            rows.append(row)
-    store = client.store
-    with store.ManagedSessionMaker(read_only=False) as session:
-        if rollups_enabled():  # opt-in daily aggregates: mark these days for rebuilding
-            enqueue_rollup_rebuild_partitions(
-                session,
-                [
-                    (RollupFamily.ASSESSMENT, int(t.target.experiment_id), [t.request_ms])
-                    for t in traces
-                ],
-            )
-        session.query(SqlAssessments).filter(
-            SqlAssessments.trace_id.in_([t.trace_id for t in traces]),
-            SqlAssessments.source_type == SCORER.source_type,
-            SqlAssessments.source_id == SCORER.source_id,
-        ).delete(synchronize_session=False)
-        session.add_all(rows)
-
-
-def traced_cases(target: Target) -> set[str]:
-    """Cases of a run that have a trace."""
+    if mlflow.get_tracking_uri() != target.uri:
+        mlflow.set_tracking_uri(target.uri)  # where the tracer exports and assessments go
     client = mlflow.MlflowClient(target.uri)
-    cases: set[str] = set()
+    earlier = _trace_ids(target, {case_of(row) for row in rows})
+    if earlier:
+        client.delete_traces(target.experiment_id, trace_ids=earlier)
+    ids = [_emit(client, trace) for trace in planned]
+    mlflow.flush_trace_async_logging()  # the traces are in the store before their assessments
+    for trace, trace_id in zip(planned, ids, strict=True):
+        for assessment in trace.assessments():
+            mlflow.log_assessment(trace_id, assessment)
+    for at in range(0, len(ids), LINKS_PER_CALL):
+        client.link_traces_to_run(ids[at : at + LINKS_PER_CALL], target.run_id)
+    return [case_of(trace.row) for trace in planned]
+
+
+def _run_traces(target: Target) -> Iterator[mlflow.entities.Trace]:
+    """The run's traces (their info only)."""
+    client = mlflow.MlflowClient(target.uri)
     token = None
     while True:
         page = client.search_traces(
@@ -621,21 +570,30 @@ def traced_cases(target: Target) -> set[str]:
             max_results=500,
             page_token=token,
         )
-        cases.update(str(t.info.tags[CASE_TAG]) for t in page if CASE_TAG in t.info.tags)
+        yield from page
         token = page.token
         if not token:
-            return cases
+            return
+
+
+def _trace_ids(target: Target, cases: set[str]) -> list[str]:
+    """The ids of the run's traces of these cases."""
+    return [t.info.trace_id for t in _run_traces(target) if t.info.tags.get(CASE_TAG) in cases]
+
+
+def find_trace(target: Target, case: str) -> str | None:
+    """The id of the trace a run wrote for a case ('repeat:question id'), if there is one."""
+    found = _trace_ids(target, {case})
+    return found[0] if found else None
+
+
+def traced_cases(target: Target) -> set[str]:
+    """Cases of a run that have a trace."""
+    return {str(t.info.tags[CASE_TAG]) for t in _run_traces(target) if CASE_TAG in t.info.tags}
 
 
 def _warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr, flush=True)
-
-
-def _fresh_store_connections(uri: str) -> None:
-    """Drop the SQL connections a forked process inherited (its parent keeps using them)."""
-    engine = getattr(TracingClient(uri).store, "engine", None)
-    if engine is not None:
-        engine.dispose(close=False)
 
 
 def _serve(inbox: Any, replies: tuple[Connection, Connection], parent_pid: int) -> None:
@@ -646,7 +604,6 @@ def _serve(inbox: Any, replies: tuple[Connection, Connection], parent_pid: int) 
     inherited, sender = replies
     inherited.close()  # the harness's end: if the harness dies, sending fails instead of blocking
     written: list[tuple[str, str]] = []
-    seen: set[str] = set()
     pending: list[tuple[Target, QuestionRow]] = []
     stop = False
     report = False
@@ -660,9 +617,6 @@ def _serve(inbox: Any, replies: tuple[Connection, Connection], parent_pid: int) 
             report = True
             return
         target, rows = item
-        if target.uri not in seen:
-            seen.add(target.uri)
-            _fresh_store_connections(target.uri)
         pending.extend((target, row) for row in rows)
 
     def send() -> bool:

@@ -32,7 +32,7 @@ from caprag.llm.openai import DEFAULT_KEY_VARIABLE, resolve_api_key
 from caprag.secrets import redact
 from experiments.results.metrics import Format, Metric, known, register
 from experiments.scoring.question import Scores
-from experiments.scoring.ragas_metrics import _import_ragas
+from experiments.scoring.ragas_metrics import import_ragas
 
 M = TypeVar("M", bound=BaseModel)
 METHODS = ("json_schema", "json_object")
@@ -204,7 +204,7 @@ class JudgeCalls:
 def _ragas_llm_class() -> type[Any]:
     """RAGAS's LLM interface (what its collections metrics take) over JudgeCalls; built on first
     use, since importing ragas takes seconds and a run without a judge never needs it."""
-    _import_ragas()
+    import_ragas()
     from ragas.llms.base import InstructorBaseRagasLLM
 
     class BoundedJudgeLLM(InstructorBaseRagasLLM):
@@ -250,7 +250,7 @@ class RagasJudge:
         key = resolve_api_key(api_key, api_key_env, "judge=openai (use judge=none offline)")
         from openai import AsyncOpenAI
 
-        ragas = _import_ragas()
+        ragas = import_ragas()
         from ragas.metrics.collections import (
             AnswerRelevancy,
             ContextPrecision,

@@ -17,7 +17,7 @@ from experiments.scoring.question import Scores
 disable_telemetry()
 
 
-def _import_ragas() -> Any:
+def import_ragas() -> Any:
     name = "langchain_community.chat_models.vertexai"
     if name not in sys.modules:
         shim = types.ModuleType(name)
@@ -47,7 +47,7 @@ class OfflineRagas:
     )
 
     def __init__(self) -> None:
-        ragas = _import_ragas()
+        ragas = import_ragas()
         m = ragas.metrics
         self._sample = ragas.SingleTurnSample
         self._context = [

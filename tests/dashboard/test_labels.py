@@ -32,15 +32,17 @@ def test_labels_round_trip_through_mlflow(tmp_path: Path) -> None:
     run_id = run.info.run_id
     rows = [question("q1"), question("q2")]
     traces.write_traces(rows, traces.Target(uri, experiment, run_id, "multi-hop"))
-    ids = {traces.trace_id_of(run_id, traces.case_of(r)): r.question_id for r in rows}
-    q1 = next(t for t, q in ids.items() if q == "q1")
+    target = traces.Target(uri, experiment, run_id, "multi-hop")
+    cases = {traces.case_of(r): r.question_id for r in rows}
+    q1 = traces.find_trace(target, traces.case_of(rows[0]))
+    assert q1 is not None
     log_label(q1, run_id, "gold not retrieved", by="ann")
     log_label(q1, run_id, "cited but not followed", note="hop 2 missed it", by="ann")
     mlflow.log_feedback(  # a judge's feedback under the same name: not a human label
         trace_id=q1, name=LABEL, value="judge says so",
         source=AssessmentSource(source_type=AssessmentSourceType.LLM_JUDGE, source_id="judge"),
     )  # fmt: skip
-    found = labels_of(experiment, run_id, ids)
+    found = labels_of(experiment, run_id, cases)
     assert set(found) == {"q1"}
     assert found["q1"].text() == "cited but not followed: hop 2 missed it"
     assert found["q1"].by == "ann"

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import pytest
 
-from caprag.embeddings import MiniLMEmbedder, _minilm_dir, get_embedder
+from caprag.embeddings import MiniLMEmbedder, get_embedder, minilm_dir
 from caprag.onnx_minilm import build_minilm
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "minilm_reference.npz"
@@ -77,6 +77,6 @@ def test_name_and_dimension_are_those_of_stored_indexes(minilm) -> None:
 
 
 def test_graph_build_is_valid_and_deterministic() -> None:
-    first = build_minilm(_minilm_dir())
+    first = build_minilm(minilm_dir())
     onnx.checker.check_model(first)
-    assert first.SerializeToString() == build_minilm(_minilm_dir()).SerializeToString()
+    assert first.SerializeToString() == build_minilm(minilm_dir()).SerializeToString()

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import statistics
 import urllib.error
@@ -14,12 +13,38 @@ from experiments.perf.openai_stub import Faults, LatencyProfile, StubServer
 
 def test_the_profile_draws_its_p50_and_p95() -> None:
     profile = LatencyProfile(p50_s=0.08, p95_s=0.25, first_byte_s=0.05, seed=3)
-    draws = list(itertools.islice(profile.draws(), 4000))
+    draws = [profile.draw(f"question {n % 400}", n // 400) for n in range(4000)]
     cuts = statistics.quantiles(draws, n=20)
     assert 0.072 <= statistics.median(draws) <= 0.088
     assert 0.22 <= cuts[-1] <= 0.28  # the 95th percentile
     assert min(draws) >= 0.05  # never before the first byte
-    assert draws[:5] == list(itertools.islice(profile.draws(), 5))  # seeded: the same run
+    # a function of the seed, the messages and their occurrence: any arrival order draws the same
+    assert [profile.draw("question 7", 2), profile.draw("question 7", 0)] == [draws[807], draws[7]]
+    other_seed = LatencyProfile(p50_s=0.08, p95_s=0.25, first_byte_s=0.05, seed=4)
+    assert [other_seed.draw(f"question {n}", 0) for n in range(400)] != draws[:400]
+
+
+def test_a_rerun_meets_the_same_latencies_in_any_order() -> None:
+    """The stub draws by the request's messages: the same questions asked again (after
+    /restart_draws), in another order, wait what they waited the first time."""
+    profile = LatencyProfile(p50_s=0.001, p95_s=0.002, seed=5)
+    bodies = [
+        {"model": "m", "messages": [{"role": "user", "content": f"question {n}"}]} for n in range(4)
+    ]
+    with StubServer(profile=profile) as stub:
+        url = stub.base_url
+        for body in [*bodies, *reversed(bodies)]:
+            if body is bodies[-1] and len(stub.log) == 4:
+                urllib.request.urlopen(f"{url}/restart_draws", timeout=600).read()
+            request = urllib.request.Request(
+                f"{url}/chat/completions", json.dumps(body).encode(), method="POST"
+            )
+            request.add_header("content-type", "application/json")
+            urllib.request.urlopen(request, timeout=600).read()
+        served = json.loads(urllib.request.urlopen(f"{url}/served", timeout=600).read())["served"]
+    first = {e["key"]: e["seconds"] for e in served[:4]}
+    again = {e["key"]: e["seconds"] for e in served[4:]}
+    assert first == again and len(set(first.values())) == 4
 
 
 def test_faults_come_where_they_are_asked_for() -> None:

@@ -1,11 +1,14 @@
 """What a question's MLflow trace carries: tags to filter by, scores as assessments, passage texts,
-LLM calls in the chat format, and a trace for a failed question (built, not written)."""
+LLM calls in the chat format, and a trace for a failed question (written to a SQLite store and
+read back through MLflow)."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
+import mlflow
 import pytest
 from mlflow.entities import Expectation, Feedback
 from mlflow.tracing.constant import SpanAttributeKey
@@ -17,7 +20,23 @@ from caprag.trace import HopTrace
 from experiments.results import traces
 from experiments.results.row import PASSAGE_CHARS, PassageInfo, QuestionRow
 
-TARGET = traces.Target("sqlite:///unused.db", "7", "run-1", "multi-hop")
+
+@pytest.fixture
+def target(tmp_path: Path) -> traces.Target:
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    client = mlflow.MlflowClient(uri)
+    experiment = client.create_experiment("spans", artifact_location=(tmp_path / "a").as_uri())
+    return traces.Target(uri, experiment, client.create_run(experiment).info.run_id, "multi-hop")
+
+
+def written(row: QuestionRow, target: traces.Target) -> mlflow.entities.Trace:
+    """The row's trace as MLflow stores it."""
+    assert traces.write_traces([row], target) == [traces.case_of(row)]
+    trace_id = traces.find_trace(target, traces.case_of(row))
+    assert trace_id is not None
+    return mlflow.MlflowClient(target.uri).get_trace(trace_id)
+
+
 MESSAGES = [
     {"role": "system", "content": "You decide whether passages suffice."},
     {"role": "user", "content": "Question: Flurry penalty?\n\nPassages: ..."},
@@ -83,33 +102,45 @@ def answered() -> QuestionRow:
     )
 
 
-def spans_by_name(trace: Any) -> dict[str, Any]:
-    return {span.name: span for span in trace.spans}
+def spans_by_name(trace: mlflow.entities.Trace) -> dict[str, Any]:
+    return {span.name: span for span in trace.data.spans}
 
 
-def test_a_trace_is_tagged_with_what_the_trace_list_filters_by() -> None:
-    trace = traces.build_trace(answered(), TARGET)
-    assert trace.tags == {
-        traces.CASE_TAG: "0:t-cb-1",
-        "caprag.question_id": "t-cb-1",
-        "caprag.set": "cross_book",
-        "caprag.query_type": "factual",
-        "caprag.turn": "2",
-        "caprag.status": "ok",
-        "caprag.strategy": "multi-hop",
-        "mlflow.traceName": "question t-cb-1",
-    }
-    # The tags travel on the root span, where MLflow's batch span API reads them.
-    root = trace.spans[0]
-    assert root.parent_id is None
-    assert root.attributes[SpanAttributeKey.TRACE_TAG_PREFIX + "caprag.set"] == "cross_book"
+def root_of(trace: mlflow.entities.Trace) -> Any:
+    return next(span for span in trace.data.spans if span.parent_id is None)
 
 
-def test_every_score_is_a_code_feedback_and_a_missing_one_keeps_its_reason() -> None:
+def test_a_trace_is_tagged_with_what_the_trace_list_filters_by(target: traces.Target) -> None:
+    trace = written(answered(), target)
+    assert (
+        trace.info.tags.items()
+        >= {
+            traces.CASE_TAG: "0:t-cb-1",
+            "caprag.question_id": "t-cb-1",
+            "caprag.set": "cross_book",
+            "caprag.query_type": "factual",
+            "caprag.turn": "2",
+            "caprag.status": "ok",
+            "caprag.strategy": "multi-hop",
+            "mlflow.traceName": "question t-cb-1",
+        }.items()
+    )
+    assert root_of(trace).name == "question t-cb-1"
+    found = mlflow.search_traces(
+        locations=[target.experiment_id],
+        filter_string="tags.`caprag.set` = 'cross_book'",
+        return_type="list",
+    )
+    assert [t.info.trace_id for t in found] == [trace.info.trace_id]
+
+
+def test_every_score_is_a_code_feedback_and_a_missing_one_keeps_its_reason(
+    target: traces.Target,
+) -> None:
     row = answered()
     row.values["latency_s"] = float("nan")
-    trace = traces.build_trace(row, TARGET)
-    found = trace.assessments()
+    trace = written(row, target)
+    found = trace.info.assessments
     feedback = {a.name: a for a in found if isinstance(a, Feedback)}
     scored = {name: a.value for name, a in feedback.items() if a.error is None}
     assert scored == {"recall_at_k": 0.5, "all_gold_at_k": 0.0, "mrr": 1.0, "f1": 0.8}
@@ -121,16 +152,18 @@ def test_every_score_is_a_code_feedback_and_a_missing_one_keeps_its_reason() -> 
     expected = {a.name: a.value for a in found if isinstance(a, Expectation)}
     assert expected == {"gold_answer": "-4", "gold_passages": ["fighting/flurry"]}
     assert {a.source.source_type for a in found} == {"CODE"}
-    assert {a.trace_id for a in found} == {trace.trace_id}
-    assert all(a.metadata == {"mlflow.assessment.sourceRunId": "run-1"} for a in found)
-    # Ids derive from the trace and the name: writing the trace again replaces them.
-    again = traces.build_trace(answered(), TARGET).assessments()
-    assert {a.assessment_id for a in found} >= {a.assessment_id for a in again}
-    assert len({a.assessment_id for a in found}) == len(found)
+    assert {a.trace_id for a in found} == {trace.info.trace_id}
+    assert all(a.metadata == {"mlflow.assessment.sourceRunId": target.run_id} for a in found)
+    # Writing the trace again replaces it, its assessments with it.
+    again = written(answered(), target)
+    assert traces.traced_cases(target) == {"0:t-cb-1"}
+    assert len(again.info.assessments) == len(found) - 1  # no latency_s this time
 
 
-def test_hop_spans_carry_their_documents_with_passage_text_in_retriever_format() -> None:
-    spans = spans_by_name(traces.build_trace(answered(), TARGET))
+def test_hop_spans_carry_their_documents_with_passage_text_in_retriever_format(
+    target: traces.Target,
+) -> None:
+    spans = spans_by_name(written(answered(), target))
     hop1, hop2, retrieve = spans["hop 1"], spans["hop 2"], spans["retrieve"]
     assert hop1.outputs == [
         {
@@ -148,8 +181,8 @@ def test_hop_spans_carry_their_documents_with_passage_text_in_retriever_format()
     assert hop1.attributes["prompt_tokens"] == "400"  # from the hop's usage
 
 
-def test_a_model_call_is_a_chat_span_with_its_messages_and_reply() -> None:
-    spans = spans_by_name(traces.build_trace(answered(), TARGET))
+def test_a_model_call_is_a_chat_span_with_its_messages_and_reply(target: traces.Target) -> None:
+    spans = spans_by_name(written(answered(), target))
     call = spans["llm analyze"]
     assert call.span_type == "CHAT_MODEL"
     assert call.inputs == {"model": "gpt-4o-mini", "messages": MESSAGES}
@@ -168,15 +201,17 @@ def test_a_model_call_is_a_chat_span_with_its_messages_and_reply() -> None:
     assert traces.CHAT_MESSAGES not in rule.attributes
 
 
-def test_a_failed_question_gets_an_error_trace_with_the_calls_it_made() -> None:
+def test_a_failed_question_gets_an_error_trace_with_the_calls_it_made(
+    target: traces.Target,
+) -> None:
     row = answered()
     row.status, row.error = "failed", "StructuredOutputError: could not parse the reply"
     row.hops, row.values, row.missing = [], {}, {}
     assert row.calls is not None
     row.calls = [row.calls[0].model_copy(update={"reply": "{not json", "error": "could not parse"})]
     row.timings = {"total": 0.5}
-    trace = traces.build_trace(row, TARGET)
-    root = trace.spans[0]
+    trace = written(row, target)
+    root = root_of(trace)
     assert root.status.status_code == "ERROR"
     assert root.status.description == row.error
     (event,) = root.events
@@ -187,24 +222,24 @@ def test_a_failed_question_gets_an_error_trace_with_the_calls_it_made() -> None:
     call = spans_by_name(trace)["llm analyze"]
     assert call.outputs["choices"][0]["message"]["content"] == "{not json"
     assert call.attributes["error"] == "could not parse"
-    assert trace.tags["caprag.status"] == "failed"
-    assert trace.info().state.value == "ERROR"
+    assert trace.info.tags["caprag.status"] == "failed"
+    assert trace.info.state.value == "ERROR"
     # No score was computed; the gold answer is still there to compare with.
-    assert {a.name for a in trace.assessments()} == {"gold_answer", "gold_passages"}
+    assert {a.name for a in trace.info.assessments} == {"gold_answer", "gold_passages"}
 
 
-def test_a_timed_out_question_s_error_has_no_exception_name() -> None:
+def test_a_timed_out_question_s_error_has_no_exception_name(target: traces.Target) -> None:
     row = answered()
     row.status, row.error, row.calls, row.hops = "failed", "timed out after 120s", [], []
-    (event,) = traces.build_trace(row, TARGET).spans[0].events
+    (event,) = root_of(written(row, target)).events
     assert event.attributes["exception.type"] == "Error"
     assert event.attributes["exception.message"] == "timed out after 120s"
 
 
-def test_a_question_s_trace_id_derives_from_the_run_and_case() -> None:
-    trace = traces.build_trace(answered(), TARGET)
-    assert traces.trace_id_of("run-1", "0:t-cb-1") == trace.trace_id
-    assert traces.trace_id_of("run-2", "0:t-cb-1") != trace.trace_id
+def test_a_question_s_trace_is_found_by_its_run_and_case(target: traces.Target) -> None:
+    trace = written(answered(), target)
+    assert traces.find_trace(target, "0:t-cb-1") == trace.info.trace_id
+    assert traces.find_trace(target, "1:t-cb-1") is None
 
 
 def test_the_row_keeps_each_passage_s_text_once_and_cuts_a_long_one() -> None:

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import mlflow
 import pytest
-from opentelemetry.sdk.resources import Resource
 
 from caprag.config import PROJECT_ROOT
 from experiments.harness.run import run
@@ -281,29 +280,6 @@ def test_a_writer_that_dies_mid_run_with_rows_queued_does_not_hold_the_harness(
     mlflow.set_tracking_uri(uri)
     found = mlflow.search_traces(locations=[experiment.experiment_id], return_type="list")
     assert len({t.info.tags[traces.CASE_TAG] for t in found}) == len(found) == 150
-
-
-def test_span_resources_are_detected_once_and_the_same_as_per_span_detection(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    detections: list[int] = []
-    real = Resource.create
-
-    def counting(*args: object, **kwargs: object) -> Resource:
-        detections.append(1)
-        return real(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(Resource, "create", staticmethod(counting))
-    traces._resource.cache_clear()
-    target = traces.Target("sqlite:///unused.db", "1", "run")
-    built = [traces.build_trace(make_row(n, time.time_ns()), target) for n in range(3)]
-    spans = [span for trace in built for span in trace.spans]
-    assert len(spans) == 24
-    assert len(detections) == 1
-    # What each span would have detected by itself (MLflow stores it as trace tags).
-    expected = dict(real().attributes)
-    assert all(dict(span._span.resource.attributes) == expected for span in spans)
-    assert "service.name" in expected
 
 
 def test_a_kept_writer_serves_run_after_run_and_reports_each_run_s_traces(

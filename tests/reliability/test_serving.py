@@ -22,10 +22,13 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 
+from caprag import web
 from caprag.api import create_app
 from caprag.checkpoint import (
-    BoundedMemorySaver,
+    BoundedSaver,
     Retention,
+    bounded_memory,
+    expired,
     make_checkpointer,
     open_checkpointer,
 )
@@ -192,13 +195,12 @@ async def test_a_long_thread_keeps_only_the_history_window(
     try:
         for number, question in enumerate(questions, start=1):
             await pipeline.ask(question, "long")
-            if isinstance(saver, BoundedMemorySaver) and number in (
-                HISTORY_PAIRS + 5,
-                len(questions),
-            ):
-                mine = [v for k, v in saver.blobs.items() if k[0] == "long"]
-                footprints.append((len(mine), sum(len(v[1]) for v in mine)))
-                assert len(saver.storage["long"][""]) == 1  # only the latest checkpoint
+            if kind == "memory" and number in (HISTORY_PAIRS + 5, len(questions)):
+                assert isinstance(saver, BoundedSaver)
+                mine = [t async for t in saver.alist({"configurable": {"thread_id": "long"}})]
+                assert len(mine) == 1  # only the latest checkpoint
+                values = mine[0].checkpoint["channel_values"]
+                footprints.append((len(values), len(saver.serde.dumps_typed(values)[1])))
         remembered = pairs_of(await stored(pipeline, "long"))
         assert [q for q, _ in remembered] == questions[-HISTORY_PAIRS:]
         follow_up = await pipeline.ask("Does it burn in the rain?", "long")
@@ -216,7 +218,7 @@ async def test_a_long_thread_keeps_only_the_history_window(
 
 async def test_idle_threads_leave_memory(fixture_index: PassageIndex) -> None:
     clock = ManualClock()
-    saver = BoundedMemorySaver(Retention(memory_ttl_s=600, memory_max_threads=2, clock=clock.now))
+    saver = bounded_memory(Retention(memory_ttl_s=600, memory_max_threads=2, clock=clock.now))
     pipeline = offline(fixture_index, checkpointer=saver)
     await pipeline.ask("What does Old Soldier cost?", "idle")
     clock.advance(601)
@@ -230,6 +232,28 @@ async def test_idle_threads_leave_memory(fixture_index: PassageIndex) -> None:
     assert list(saver.last_used) == ["busy", "third"]  # the least recently used went
     assert await stored(pipeline, "idle") == []
     assert len(await stored(pipeline, "busy")) == 4
+
+
+@pytest.mark.parametrize("kind", CHECKPOINTERS)
+async def test_a_thread_idle_past_its_ttl_starts_fresh_when_continued(
+    kind: str, fixture_index: PassageIndex, tmp_path: Path
+) -> None:
+    clock = ManualClock()
+    policy = Retention(memory_ttl_s=600, sqlite_ttl_days=1, clock=clock.now)
+    saver = await open_checkpointer(spec_for(kind, tmp_path), policy)
+    pipeline = offline(fixture_index, checkpointer=saver)
+    try:
+        await pipeline.ask("What does Old Soldier cost?", "idle")
+        clock.advance(DAY + 1)  # no other thread is written: the TTL is enforced on read
+        fresh = await pipeline.ask("What penalty does it halve?", "idle")
+        assert fresh.memory_expired  # the API's field; the chat page says it in words
+        assert "started afresh" in web.turn(fresh)
+        assert fresh.main_question == "What penalty does it halve?"  # nothing to resolve "it"
+        assert len(await stored(pipeline, "idle")) == 2  # the fresh turn only
+        follow_up = await pipeline.ask("Does it burn in the rain?", "idle")
+        assert not follow_up.memory_expired and not expired(saver, "idle")
+    finally:
+        await pipeline.aclose()
 
 
 # 2c. Pruning the SQLite store
@@ -280,12 +304,11 @@ async def test_a_store_written_before_the_policy_is_compacted_on_opening(
     from caprag.checkpoint import serializer
 
     path = tmp_path / "old.db"
-    legacy = offline(
-        fixture_index, checkpointer=AsyncSqliteSaver(aiosqlite.connect(path), serde=serializer())
-    )
-    await legacy.ask("What does Old Soldier cost?", "kept")
-    await legacy.ask("How many gift points is that?", "kept")
-    await legacy.aclose()
+    async with aiosqlite.connect(path) as conn:
+        legacy = offline(fixture_index, checkpointer=AsyncSqliteSaver(conn, serde=serializer()))
+        await legacy.ask("What does Old Soldier cost?", "kept")
+        await legacy.ask("How many gift points is that?", "kept")
+        await legacy.aclose()
     assert checkpoint_rows(path)["kept"] > 1
     pipeline = offline(fixture_index, checkpointer=await open_checkpointer(f"sqlite:{path}"))
     try:

@@ -81,7 +81,7 @@ rows = reg.ordered(shown).reset_index(drop=True)
 rule = registry.get(metric)
 rows["value_a"], rows["value_b"] = rule.scaled(rows["value_a"]), rule.scaled(rows["value_b"])
 human = {
-    side: store.labels(store.uri(), str(by_id.loc[rid, "experiment_id"]), rid, trace_pairs(rid, t))
+    side: store.labels(store.uri(), str(by_id.loc[rid, "experiment_id"]), rid, trace_pairs(t))
     for side, rid, t in (("a", run_a, table_a), ("b", run_b, table_b))
 }
 rows["label_a"] = [human["a"][q].text() if q in human["a"] else "" for q in rows["question_id"]]

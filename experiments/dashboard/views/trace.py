@@ -53,10 +53,14 @@ if question is None:
     st.stop()
 selection.share("trace_question", "question", rows.at[question, "question_id"])
 row = rows_of(rows.loc[[question]])[0]
-st.link_button(
-    "Open this question's trace in the MLflow UI",
-    store.trace_url(str(run["experiment_id"]), trace_id(str(run["run_id"]), row)),
-)
+question_trace = trace_id(store.uri(), str(run["experiment_id"]), str(run["run_id"]), row)
+if question_trace is not None:
+    st.link_button(
+        "Open this question's trace in the MLflow UI",
+        store.trace_url(str(run["experiment_id"]), question_trace),
+    )
+else:
+    st.caption("This question has no trace in MLflow (the run was logged with traces off).")
 corpus = store.corpus()
 render_scores(row, corpus)
 render_label(run, row, rows)
