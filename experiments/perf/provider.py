@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 
-from experiments.perf.harness_bench import CONF, QUIET_ENV, environment
+from experiments.perf.harness_bench import CONF, QUIET_ENV, environment, process_cpu_s
 from experiments.perf.openai_stub import request_key
 from experiments.perf.servers import openai_stub
 
@@ -44,15 +44,6 @@ TRACES_TARGET = 1.05
 """Traces on over traces off, at most."""
 PER_SET = 103
 """Questions in each of the curated sets (single-book, cross-book): more come from repeats."""
-
-
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a live process (from /proc)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def compose_run(store: Path, folder: Path, *overrides: str) -> Any:
