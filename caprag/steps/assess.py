@@ -50,11 +50,11 @@ from caprag.text import terms
 
 ASSESS = Prompt(
     name="assess",
-    version="assess-v3",
+    version="assess-v4",
     system=(
         "You judge whether retrieved rulebook passages are enough to answer a question fully.\n"
-        "Give a confidence from 0.0 (nothing useful) to 1.0 (every fact the answer needs is in "
-        "the passages). Lower it for parts of the question no passage covers, for cross-references "
+        "Give a confidence in tenths, from 0.0 (nothing useful) to 1.0 (every fact the answer "
+        "needs is in the passages). Lower it for parts of the question no passage covers, for cross-references "
         "such as 'see Combat, p. 41' whose target passage is missing, and for passages from an "
         "older edition when a newer one is present. List what is missing in missing_info (at most "
         "{max_missing} items of at most {missing_info_chars} characters) and give one sentence "
@@ -64,11 +64,21 @@ ASSESS = Prompt(
 )
 
 
+CONFIDENCE_LEVELS = tuple(round(tenth / 10, 1) for tenth in range(11))
+"""The confidences a model is offered: 0.0, 0.1, ..., 1.0."""
+
+
 class ConfidenceAssessment(BaseModel):
     """How fully the gathered passages answer the question (0-1), and what they lack."""
 
     confidence: float = Field(
-        ge=0.0, le=1.0, description="0.0 (nothing useful) to 1.0 (everything needed is there)."
+        ge=0.0,
+        le=1.0,
+        description="0.0 (nothing useful) to 1.0 (everything needed is there), in tenths.",
+        # The levels as an enum too: a server that constrains decoding to the schema (llama.cpp,
+        # vLLM, Ollama) enforces an enum but not a number's minimum and maximum, and a small
+        # model otherwise writes -1 or 85. A reply off the levels but within 0-1 still parses.
+        json_schema_extra={"enum": list(CONFIDENCE_LEVELS)},
     )
     reasoning: str = Field(default="", max_length=2000, description="One sentence why.")
     missing_info: list[str] = Field(
