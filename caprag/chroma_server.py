@@ -45,6 +45,83 @@ PAGE = 1000
 """Records read or written per request (Chroma servers cap a request's batch)."""
 NO_VECTOR = [0.0]
 """The one-number embedding of a catalog record: Chroma needs one, catalogs are only read by id."""
+TIMEOUT_VARIABLE = "CAPRAG_CHROMA_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 120.0
+"""How long one request to the server may take (CAPRAG_CHROMA_TIMEOUT_S): chromadb's client
+waits for ever, and a server that accepts connections but does not answer would hang every job."""
+
+
+def request_timeout_s() -> float:
+    """CAPRAG_CHROMA_TIMEOUT_S, else 120 s; ConfigError naming the variable when it is not a
+    positive number of seconds."""
+    raw = os.environ.get(TIMEOUT_VARIABLE, "").strip()
+    if not raw:
+        return DEFAULT_TIMEOUT_S
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0 or seconds == float("inf"):
+        raise ConfigError(
+            f"{TIMEOUT_VARIABLE}={raw!r}: expected seconds above 0 (default {DEFAULT_TIMEOUT_S:g})"
+        )
+    return seconds
+
+
+def within(seconds: float, what: str, call: Any, *args: Any, **kwargs: Any) -> Any:
+    """`call(*args, **kwargs)` in a daemon thread, waited for at most `seconds`: its result, its
+    exception, or VectorStoreError naming `what` when it has not returned by then (the thread is
+    left to end by itself; a daemon thread never holds up the process's exit)."""
+    done = threading.Event()
+    outcome: list[Any] = []
+
+    def target() -> None:
+        try:
+            outcome.append((True, call(*args, **kwargs)))
+        except BaseException as exc:  # handed to the caller's thread
+            outcome.append((False, exc))
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name=f"chroma {what}", daemon=True).start()
+    if not done.wait(seconds):
+        raise VectorStoreError(
+            f"{what}: no answer within {seconds:g} s ({TIMEOUT_VARIABLE}); the server is up but "
+            "not answering (stopped, overloaded or stuck)"
+        )
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
+
+
+class Bounded:
+    """A chromadb client or collection whose every method call waits at most `timeout_s`
+    (through `within`), so that a server that stops answering ends a job with one error line
+    instead of hanging it. Its methods' results are handed back as they are, but for a
+    collection, which is bounded too."""
+
+    def __init__(self, target: Any, timeout_s: float, url: str) -> None:
+        self._target = target
+        self._timeout_s = timeout_s
+        self._url = url
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._target, name)
+        if not callable(attribute):
+            return attribute
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            what = f"the Chroma server at {self._url} ({name})"
+            result = within(self._timeout_s, what, attribute, *args, **kwargs)
+            if name in COLLECTION_GETTERS:
+                return Bounded(result, self._timeout_s, self._url)
+            return result
+
+        return call
+
+
+COLLECTION_GETTERS = frozenset({"get_collection", "get_or_create_collection", "create_collection"})
 
 
 def is_server_url(store: str | Path) -> bool:
@@ -101,8 +178,10 @@ class ServerAddress:
         )
 
 
-def connect(address: ServerAddress) -> Any:
-    """An HttpClient on the server (telemetry off); VectorStoreError naming it if unreachable."""
+def connect(address: ServerAddress, timeout_s: float | None = None) -> Any:
+    """An HttpClient on the server (telemetry off) whose every request waits at most `timeout_s`
+    (default CAPRAG_CHROMA_TIMEOUT_S, see `Bounded`); VectorStoreError naming it if unreachable
+    or not answering."""
     import chromadb
     from chromadb.config import Settings
 
@@ -110,17 +189,24 @@ def connect(address: ServerAddress) -> Any:
     # (wordllama calls logging.basicConfig on import), or each search prints a line.
     if logging.getLogger("httpx").level == logging.NOTSET:
         logging.getLogger("httpx").setLevel(logging.WARNING)
+    seconds = request_timeout_s() if timeout_s is None else timeout_s
     try:
-        return chromadb.HttpClient(
+        client = within(
+            seconds,
+            f"the Chroma server at {address.url} (connect)",
+            chromadb.HttpClient,
             host=address.host,
             port=address.port,
             ssl=address.ssl,
             settings=Settings(anonymized_telemetry=False),
         )
+    except VectorStoreError:
+        raise  # it answers connections but not requests: starting one would not help
     except Exception as exc:  # chromadb raises ValueError or httpx errors; report them as one
         raise VectorStoreError(
             f"cannot reach the Chroma server at {address.url} ({exc}): {address.start_hint()}"
         ) from None
+    return Bounded(client, seconds, address.url)
 
 
 def open_collection(client: Any, name: str, space: str) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,7 +13,7 @@ import pytest
 
 from experiments.perf.servers import free_port, running
 
-__all__ = ["START_DEADLINE_S", "chroma_cli", "chroma_server", "free_port"]
+__all__ = ["START_DEADLINE_S", "chroma_cli", "chroma_process", "chroma_server", "free_port"]
 
 START_DEADLINE_S = 600.0
 """Only a hang guard: a loaded 2-core machine may take long to start the server."""
@@ -26,6 +27,13 @@ def chroma_cli() -> Path:
 @contextmanager
 def chroma_server(folder: Path) -> Iterator[str]:
     """Run `chroma run --path folder` on 127.0.0.1 until the block ends; yields its URL."""
+    with chroma_process(folder) as (url, _):
+        yield url
+
+
+@contextmanager
+def chroma_process(folder: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """`chroma_server`, yielding its URL and its process (a test may stop and resume it)."""
     cli = chroma_cli()
     if not cli.exists():
         pytest.skip(f"the chroma command is not installed at {cli} (it comes with chromadb)")
@@ -38,5 +46,5 @@ def chroma_server(folder: Path) -> Iterator[str]:
         dict(os.environ),
         folder / "server.log",
         START_DEADLINE_S,
-    ):
-        yield url
+    ) as process:
+        yield url, process
