@@ -451,8 +451,10 @@ def _root(
 ) -> None:
     """The question's root span (its children were added under `root` already)."""
     row = trace.row
+    strategy = f"{trace.target.strategy} · " if trace.target.strategy else ""
     trace.span(
-        f"question {row.question_id}",
+        # the trace list's Name column: which strategy answered which question of which set
+        f"{strategy}{row.set} · {row.question_id}",
         SpanType.CHAIN,
         None,
         {"question": row.question},

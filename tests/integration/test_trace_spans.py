@@ -122,10 +122,13 @@ def test_a_trace_is_tagged_with_what_the_trace_list_filters_by(target: traces.Ta
             "caprag.turn": "2",
             "caprag.status": "ok",
             "caprag.strategy": "multi-hop",
-            "mlflow.traceName": "question t-cb-1",
+            "mlflow.traceName": "multi-hop · cross_book · t-cb-1",
         }.items()
     )
-    assert root_of(trace).name == "question t-cb-1"
+    assert root_of(trace).name == "multi-hop · cross_book · t-cb-1"
+    # the trace list's Tokens and Run columns: usage summed from the chat spans, the source run
+    assert trace.info.token_usage == {"input_tokens": 400, "output_tokens": 30, "total_tokens": 430}
+    assert trace.info.trace_metadata["mlflow.sourceRun"] == target.run_id
     found = mlflow.search_traces(
         locations=[target.experiment_id],
         filter_string="tags.`caprag.set` = 'cross_book'",
