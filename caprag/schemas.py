@@ -9,6 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 MAX_QUERIES = 8
 MAX_QUERY_CHARS = 300
+MAX_QUESTION_CHARS = 4000
+"""The longest question the API, CLI and chat page take, and the longest search query."""
 
 
 class Document(BaseModel):

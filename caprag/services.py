@@ -47,13 +47,11 @@ from caprag.errors import CapragError, EmptyQuestionError
 from caprag.graph import HISTORY_PAIRS, build_graph
 from caprag.llm import StructuredClient
 from caprag.llm.usage import total_cost
-from caprag.schemas import CallUsage, Document, Source
+from caprag.schemas import MAX_QUESTION_CHARS, CallUsage, Document, Source
 from caprag.state import GraphState
 from caprag.steps import ROLES, Steps, build_steps
 from caprag.strategies import STRATEGIES, RetrievalStrategy, Retriever
 from caprag.trace import HopTrace
-
-MAX_QUESTION_CHARS = 4000
 
 AnswerStatus = Literal["generated", "generated_after_cut", "not_generated"]
 """Whether a turn's answer was written by the generator: with retrieval finished, from what a

@@ -54,11 +54,11 @@ ASSESS = Prompt(
     system=(
         "You judge whether retrieved rulebook passages are enough to answer a question fully.\n"
         "Give a confidence in tenths, from 0.0 (nothing useful) to 1.0 (every fact the answer "
-        "needs is in the passages). Lower it for parts of the question no passage covers, for cross-references "
-        "such as 'see Combat, p. 41' whose target passage is missing, and for passages from an "
-        "older edition when a newer one is present. List what is missing in missing_info (at most "
-        "{max_missing} items of at most {missing_info_chars} characters) and give one sentence "
-        "of reasoning (at most {reasoning_chars} characters)."
+        "needs is in the passages). Lower it for parts of the question no passage covers, for "
+        "cross-references such as 'see Combat, p. 41' whose target passage is missing, and for "
+        "passages from an older edition when a newer one is present. List what is missing in "
+        "missing_info (at most {max_missing} items of at most {missing_info_chars} characters) "
+        "and give one sentence of reasoning (at most {reasoning_chars} characters)."
     ),
     user="Question: {question}\n\nPassages:\n{passages}",
 )

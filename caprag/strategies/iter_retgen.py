@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from caprag.llm.client import StepFailedError
-from caprag.schemas import Document, Question
+from caprag.schemas import MAX_QUESTION_CHARS, Document, Question
 from caprag.state import GraphState
 from caprag.steps import Steps
 from caprag.steps.ask import clean
@@ -80,6 +80,18 @@ class IterRetGenStrategy(RetrievalStrategy):
                 if usage:
                     hop.usage.append(usage)
                 hop.reasoning = [answer]
-                query = f"{question} {answer}".strip() if answer else question
+                query = next_query(question, answer)
             hop.latency_s = elapsed(start)
         return dataclasses.replace(state, questions=questions, context=ranked[: self.k], hops=hops)
+
+
+def next_query(question: str, answer: str) -> str:
+    """The question with the previous round's answer, cut at a word to the longest query
+    (MAX_QUESTION_CHARS): the question is kept whole, the answer gets what is left."""
+    if not answer:
+        return question
+    query = f"{question} {answer}".strip()
+    if len(query) <= MAX_QUESTION_CHARS:
+        return query
+    cut = query[: MAX_QUESTION_CHARS + 1].rsplit(" ", 1)[0]
+    return cut if len(cut) >= len(question) else question

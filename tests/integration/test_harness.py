@@ -95,6 +95,8 @@ def test_steps_mix_per_step_from_hydra(tmp_path: Path, monkeypatch: pytest.Monke
         "rewriter": "llm",
         "classifier": "llm",
         "confidence": "rule",
+        "reasoner": "llm",
+        "asker": "llm",
     }
     offline = steps_from_config(make_cfg(tmp_path, "generator=rule", "classifier=auto"))
     assert set(offline.kinds().values()) == {"rule"}
