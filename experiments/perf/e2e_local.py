@@ -252,6 +252,7 @@ def report(
     offline: dict[str, RunResult],
     judge: Checked | None,
     seconds: float,
+    load: tuple[float, float] | None = None,
 ) -> str:
     """reports/local-llm.md."""
     head = [
@@ -275,7 +276,13 @@ def report(
         "",
         "A 135M model answers badly; these numbers show that every step works against a real "
         "server and what each step costs there, not what a real model can do. Total time "
-        f"{seconds / 60:.1f} min on this machine.",
+        f"{seconds / 60:.1f} min on this machine"
+        + (
+            f" ({os.cpu_count()} cores; load average over 1 min {load[0]:.1f} at the start, "
+            f"{load[1]:.1f} at the end)."
+            if load is not None
+            else "."
+        ),
         "",
         "## Per strategy, beside the offline backend on the same questions",
         "",
@@ -501,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     os.environ.setdefault(LOCAL_KEY_VARIABLE, "local")
     ensure_installed()
-    start = time.monotonic()
+    start, load_before = time.monotonic(), os.getloadavg()[0]
     common = [
         "dataset=all",
         f"experiment.limit_per_set={settings.cases}",
@@ -563,7 +570,8 @@ def main(argv: list[str] | None = None) -> int:
             judge.problems.append(
                 f"only {len(scored)} of {len(answered)} judged questions got any LLM score"
             )
-    text = report(settings, checked, offline, judge, time.monotonic() - start)
+    load = (load_before, os.getloadavg()[0])
+    text = report(settings, checked, offline, judge, time.monotonic() - start, load)
     if not args.no_report:
         REPORT.write_text(text)
         print(f"wrote {REPORT.relative_to(PROJECT_ROOT)}")
