@@ -46,6 +46,8 @@ MIN_ITEM_CHARS = 48
 list whose share cannot give its items this many holds fewer items."""
 MIN_FIELD_CHARS = 16
 """The fewest characters a string field is given, however small the cap."""
+RETRY_FACTOR = 2
+"""A reply cut at the cap anyway is retried once with at least this many times the cap."""
 
 
 @dataclass(frozen=True)
@@ -213,3 +215,29 @@ def prompt_values(
         values[f"{name}_chars"] = str(limit.chars) if limit.chars is not None else "any number of"
         values[f"{name}_items"] = str(limit.items) if limit.items is not None else "any number of"
     return {k: v for k, v in values.items() if k in fields}
+
+
+def longest_reply_tokens(model: type[BaseModel], cap: int | None) -> int | None:
+    """Output tokens the longest reply `model`'s schema fitted to `cap` allows takes when every
+    character is a token of its own, the worst a tokenizer does (runs of digits and dots such as
+    "1.1.1.1", which a small model may write to the end of a string); None: a field has no bound.
+    """
+    schema = model_schema(model, cap)
+    tokens, _ = _object_cost(schema, schema)
+    for limit in model_limits(model, cap).values():
+        if limit.chars is None:
+            return None
+        if limit.items is None:
+            tokens += limit.chars
+        else:  # each item's quotes, comma and whitespace as characters, a token each
+            tokens += limit.items * (limit.chars + round(ITEM_TOKENS * CHARS_PER_TOKEN))
+    return tokens
+
+
+def retry_cap(model: type[BaseModel], cap: int | None) -> int | None:
+    """The cap a reply cut at `cap` is retried with: twice the cap, or the longest reply the
+    schema allows at one token per character when that is more, so the retry's JSON always
+    closes (None: no known cap)."""
+    if cap is None:
+        return None
+    return max(cap * RETRY_FACTOR, longest_reply_tokens(model, cap) or 0)

@@ -24,7 +24,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 from pydantic import BaseModel
 
 from caprag.errors import LLMCallError, LLMTimeoutError, StructuredOutputError
-from caprag.llm.budget import model_schema, prompt_values
+from caprag.llm.budget import model_schema, prompt_values, retry_cap
 from caprag.llm.cache import ResponseCache, cache_key
 from caprag.llm.prompt import Prompt, as_sent
 from caprag.llm.usage import count_tokens, price, total_cost
@@ -104,10 +104,6 @@ def with_cap(chat: BaseChatModel, max_tokens: int) -> Any:
     if isinstance(extra, dict) and "max_tokens" in extra:
         return chat.model_copy(update={"extra_body": {**extra, "max_tokens": max_tokens}})
     return chat.model_copy(update={"max_tokens": max_tokens})
-
-
-CAP_RETRY_FACTOR = 2
-"""A reply cut at the output cap is retried once with this many times the cap."""
 
 
 class StructuredClient:
@@ -243,7 +239,7 @@ class StructuredClient:
         detail = ""
         spent: list[CallUsage] = []
         notes: list[str] = []
-        larger = self._larger_cap()
+        larger = retry_cap(schema, self.max_output_tokens)
         attempt = 0
         while attempt < self.parse_attempts:
             attempt += 1
@@ -291,12 +287,6 @@ class StructuredClient:
             update={"error": f"unparseable reply: {detail}", "notes": notes}
         )
         raise StepFailedError(schema.__name__, detail, len(spent), failed)
-
-    def _larger_cap(self) -> int | None:
-        """The cap a reply cut at the output cap is retried with (None: no known cap)."""
-        if self.max_output_tokens is None:
-            return None
-        return self.max_output_tokens * CAP_RETRY_FACTOR
 
     async def _send(self, step: str, runnable: Invocable, messages: list[BaseMessage]) -> Any:
         """One request (with the chat model's transport retries) within `timeout_s`.

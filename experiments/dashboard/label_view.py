@@ -29,7 +29,7 @@ def render_label(run: pd.Series, row: QuestionRow, table: pd.DataFrame) -> None:
     label = known.get(row.question_id)
     with st.expander(
         f"Human label: {label.text()}" if label else "Label this question (why it failed)",
-        expanded=label is None,
+        expanded=False,  # the trace and its missing gold passages come first
     ):
         if label:
             st.caption(f"by {label.by or '?'} · stored on this question's trace in MLflow")

@@ -33,7 +33,6 @@ from hydra import compose, initialize_config_dir
 
 from caprag.config import PROJECT_ROOT
 from caprag.llm.budget import CHARS_PER_TOKEN
-from caprag.llm.client import CAP_RETRY_FACTOR
 from caprag.schemas import CallUsage
 from experiments.harness.run import RunResult, run
 from experiments.perf.local_llm import LocalServer, ensure_installed, local_llm_server
@@ -172,10 +171,10 @@ def check(result: RunResult, cap: int, expected: Sequence[str]) -> tuple[list[st
                 problems.append(f"{where}: tokens not from the server's usage")
             if call.prompt_tokens <= 0:
                 problems.append(f"{where}: 0 prompt tokens")
-            # Each attempt within the cap; one retry of a reply cut at the cap may take
-            # CAP_RETRY_FACTOR times it (and says so in the call's notes).
-            retried = any("retried with" in note for note in call.notes)
-            limit = cap * call.attempts + (cap * (CAP_RETRY_FACTOR - 1) if retried else 0)
+            # Each attempt within the cap; one retry of a reply cut at the cap may take the
+            # larger cap its note names ("... retried with N").
+            larger = [int(n.rsplit(" ", 1)[1]) for n in call.notes if "retried with" in n]
+            limit = cap * call.attempts + (larger[0] - cap if larger else 0)
             if call.completion_tokens > limit:
                 problems.append(f"{where}: {call.completion_tokens} completion tokens > {limit}")
     traces = 0
@@ -267,7 +266,8 @@ def report(
         + (f", at most {settings.limit} questions" if settings.limit is not None else "")
         + " (single-book, cross-book, a follow-up "
         "conversation, unanswerable), one parse attempt per call (at temperature 0 a retry "
-        "repeats the reply) plus one retry with twice the cap for a reply cut at the cap. Every "
+        "repeats the reply) plus one retry for a reply cut at the cap, with twice the cap or "
+        "the longest reply the schema allows at one token per character if that is more. Every "
         "string and list of a step's schema is bounded from the cap (`caprag.llm.budget`: "
         f"{CHARS_PER_TOKEN:g} characters per token after the JSON's own tokens, shared across "
         "the fields), the request's `json_schema` carries the bounds and the prompt states "
@@ -443,7 +443,7 @@ def judge_section(settings: Settings, judged: RunResult) -> list[str]:
         "",
         f"`judge=openai` on {len(judged.rows)} questions (strategy single), the judge in "
         f"`json_schema` mode with every reply's schema fitted to its output cap of "
-        f"{settings.judge_cap} tokens (a reply cut there is retried once with twice the cap), "
+        f"{settings.judge_cap} tokens (a reply cut there is retried once with a larger cap), "
         f"`judge.repeats={settings.judge_repeats}` at temperature {settings.judge_temperature:g} "
         "(seeded per repeat). A score is the mean over the repeats that scored; the spread is "
         "max − min over them per question, averaged: how much of a difference between two runs "

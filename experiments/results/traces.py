@@ -298,6 +298,9 @@ class _Timeline:
         if call.messages is None:  # a rule step: nothing was sent
             inputs: Any = {"rule": f"no call ({call.prompt_version})"}
             outputs: Any = {"reply": call.reply}
+            # The tokens it is priced by (as if its prompt were sent), so the trace list's
+            # Tokens column adds up to the run's tokens for an offline run too.
+            attributes[SpanAttributeKey.CHAT_USAGE] = usage_of(call)
         else:
             inputs, outputs, chat = _chat(call, call.messages)
             attributes.update(chat)
@@ -342,13 +345,19 @@ def _chat(call: CallUsage, messages: list[dict[str, str]]) -> tuple[Any, Any, di
         {
             CHAT_MESSAGES: conversation,
             SpanAttributeKey.MESSAGE_FORMAT: "openai",
-            SpanAttributeKey.CHAT_USAGE: {
-                "input_tokens": prompt,
-                "output_tokens": completion,
-                "total_tokens": prompt + completion,
-            },
+            SpanAttributeKey.CHAT_USAGE: usage_of(call),
         },
     )
+
+
+def usage_of(call: CallUsage) -> dict[str, int]:
+    """A call's tokens in MLflow's standard span attribute (the trace list sums them)."""
+    total = call.prompt_tokens + call.completion_tokens
+    return {
+        "input_tokens": call.prompt_tokens,
+        "output_tokens": call.completion_tokens,
+        "total_tokens": total,
+    }
 
 
 def documents(row: QuestionRow, refs: Sequence[RetrievedRef]) -> list[dict[str, Any]]:

@@ -5,8 +5,8 @@ The judge's calls go through `BoundedJudgeLLM`, a RAGAS LLM (`InstructorBaseRaga
 honours: `json_schema` (OpenAI, llama.cpp, vLLM, Ollama: the server constrains the reply to the
 schema, which is fitted to the output cap as the pipeline's are, caprag.llm.budget) or
 `json_object` (servers that know only JSON mode: RAGAS's prompt carries the schema). A reply cut
-at the cap is retried once with twice the cap; a reply that still does not fit is a missing
-score with its reason, never a 0.
+at the cap is retried once with a larger cap (`caprag.llm.budget.retry_cap`); a reply that still
+does not fit is a missing score with its reason, never a 0.
 
 `repeats` judges each answer that many times, each repeat with its own seed (servers that honour
 `seed` sample reproducibly). A metric's value is the mean over the repeats that scored, and
@@ -26,8 +26,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from caprag.llm.budget import model_schema
-from caprag.llm.client import CAP_RETRY_FACTOR
+from caprag.llm.budget import model_schema, retry_cap
 from caprag.llm.openai import DEFAULT_KEY_VARIABLE, resolve_api_key
 from caprag.secrets import redact
 from experiments.results.metrics import Format, Metric, known, register
@@ -171,7 +170,7 @@ class JudgeCalls:
         self.sent[prompt] = occurrence + 1
         caps: list[int | None] = [self.max_output_tokens]
         if self.max_output_tokens is not None:
-            caps.append(self.max_output_tokens * CAP_RETRY_FACTOR)
+            caps.append(retry_cap(response_model, self.max_output_tokens))
         for cap in caps:
             extra: dict[str, Any] = {"max_tokens": cap} if cap is not None else {}
             completion = await self.client.chat.completions.create(

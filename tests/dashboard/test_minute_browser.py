@@ -99,7 +99,9 @@ def test_trace_missing_gold_human_label_export_and_ask_again(
     assert (opened.locator("summary").text_content() or "").strip() == title
     shown(opened.get_by_text(gold.text[:40], exact=False))
 
-    # a human label: a reason from the tag list and a note, stored as MLflow human feedback
+    # a human label (its form folded under the trace until opened): a reason from the tag list
+    # and a note, stored as MLflow human feedback
+    page.get_by_text("Label this question (why it failed)").click()
     pick(page, "Reason", "cited but not")
     page.get_by_label("Note (or the reason, in your words)").fill("hop 2 never searched it")
     page.get_by_label("Your name").fill("tester")

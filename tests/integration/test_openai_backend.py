@@ -11,8 +11,9 @@ import pytest
 from caprag.config import load_settings
 from caprag.errors import MissingAPIKeyError, StructuredOutputError
 from caprag.llm import StepFailedError, build_openai_client
-from caprag.llm.budget import CHARS_PER_TOKEN
+from caprag.llm.budget import CHARS_PER_TOKEN, retry_cap
 from caprag.services import Pipeline, build_pipeline
+from caprag.steps.analyze import SufficiencyDecision
 from caprag.store import PassageIndex
 from caprag.strategies import MultiHopStrategy
 from experiments.perf.openai_stub import StubServer
@@ -82,16 +83,21 @@ async def test_a_json_schema_reply_cut_at_the_cap_is_retried_then_recorded() -> 
         steps = llm_for(stub, structured_method="json_schema", max_output_tokens=16)
         result = await steps.analyze("q", [DOC], ["q"])
     assert stub.bodies[0]["response_format"]["type"] == "json_schema"
-    # The cut reply is retried once with twice the cap, even with one parse attempt, and noted.
-    assert [b["max_tokens"] for b in stub.bodies] == [16, 32]
+    # The cut reply is retried once with a larger cap, even with one parse attempt, and noted.
+    larger = retry_cap(SufficiencyDecision, 16)
+    assert larger is not None and larger >= 32
+    assert [b["max_tokens"] for b in stub.bodies] == [16, larger]
     assert result.value.sufficient and result.usage is not None
     assert result.usage.attempts == 2 and result.usage.prompt_tokens == 50 + 42
-    assert result.usage.notes == ["cut at the 16-token output cap: retried with 32"]
+    assert result.usage.notes == [f"cut at the 16-token output cap: retried with {larger}"]
     with StubServer(default=cut) as stub:
         steps = llm_for(stub, structured_method="json_schema", parse_attempts=2)
         failed = await steps.analyze("q", [DOC], ["q"])
     # Two parse attempts, plus the one retry with a larger cap: then it counts as unusable.
-    assert [b["max_tokens"] for b in stub.bodies] == [512, 1024, 1024]
+    assert [b["max_tokens"] for b in stub.bodies] == [
+        512,
+        *[retry_cap(SufficiencyDecision, 512)] * 2,
+    ]
     assert failed.usage is not None and failed.usage.error is not None
     assert "output cap before its JSON was complete" in failed.usage.error
     assert failed.usage.completion_tokens == 3 * 16 and failed.usage.reply == cut["content"]

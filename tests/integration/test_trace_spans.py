@@ -60,7 +60,13 @@ def answered() -> QuestionRow:
         messages=MESSAGES,
         reply=REPLY,
     )
-    generate = CallUsage(step="generate", model="offline", prompt_version="generate-v2")
+    generate = CallUsage(
+        step="generate",
+        model="offline",
+        prompt_version="generate-v2",
+        prompt_tokens=100,
+        completion_tokens=10,
+    )
     return QuestionRow(
         case_id="c1",
         question_id="t-cb-1",
@@ -127,7 +133,8 @@ def test_a_trace_is_tagged_with_what_the_trace_list_filters_by(target: traces.Ta
     )
     assert root_of(trace).name == "multi-hop · cross_book · t-cb-1"
     # the trace list's Tokens and Run columns: usage summed from the chat spans, the source run
-    assert trace.info.token_usage == {"input_tokens": 400, "output_tokens": 30, "total_tokens": 430}
+    # (the rule step's tokens too: the ones it is priced by, as if its prompt were sent)
+    assert trace.info.token_usage == {"input_tokens": 500, "output_tokens": 40, "total_tokens": 540}
     assert trace.info.trace_metadata["mlflow.sourceRun"] == target.run_id
     found = mlflow.search_traces(
         locations=[target.experiment_id],
@@ -202,6 +209,11 @@ def test_a_model_call_is_a_chat_span_with_its_messages_and_reply(target: traces.
     rule = spans["llm generate"]
     assert rule.inputs == {"rule": "no call (generate-v2)"}
     assert traces.CHAT_MESSAGES not in rule.attributes
+    assert rule.attributes[SpanAttributeKey.CHAT_USAGE] == {
+        "input_tokens": 100,
+        "output_tokens": 10,
+        "total_tokens": 110,
+    }
 
 
 def test_a_failed_question_gets_an_error_trace_with_the_calls_it_made(

@@ -13,6 +13,7 @@ from caprag.llm.budget import (
     fitted,
     model_limits,
     model_schema,
+    retry_cap,
 )
 from caprag.steps.analyze import SufficiencyDecision
 from caprag.steps.assess import ConfidenceAssessment
@@ -86,3 +87,24 @@ def test_nested_objects_in_lists_are_bounded() -> None:
     assert verdict["statement"]["maxLength"] >= 16 and verdict["reason"]["maxLength"] >= 16
     assert longest_values(schema, schema) <= 256 * CHARS_PER_TOKEN
     assert limits["statements"].items is not None
+
+
+@pytest.mark.parametrize("cap", [64, 128, 512])
+@pytest.mark.parametrize("model", SCHEMAS, ids=lambda m: m.__name__)
+def test_a_cut_reply_is_retried_with_room_for_one_token_per_character(
+    model: type[BaseModel], cap: int
+) -> None:
+    """SmolLM2 wrote "1.1.1.1..." to the end of a 312-character reasoning (a token a character):
+    the retry's cap holds the longest valid reply at that rate, and at least twice the cap."""
+    larger = retry_cap(model, cap)
+    assert larger is not None and larger >= 2 * cap
+    schema = model_schema(model, cap)
+    assert larger >= longest_values(schema, schema)
+    assert retry_cap(model, None) is None
+
+
+def test_the_classifier_retry_fits_its_reasoning_a_character_a_token() -> None:
+    reasoning = model_limits(QueryClass, 128)["reasoning"].chars
+    assert reasoning is not None and reasoning > 2 * 128 - 40  # what twice the cap could not hold
+    larger = retry_cap(QueryClass, 128)
+    assert larger is not None and larger > reasoning
