@@ -288,7 +288,7 @@ class _Timeline:
 
     def _call(self, parent: int, call: CallUsage, start_ns: int, end_ns: int) -> None:
         """The messages as sent and the reply of a model call; the rule and cost of a rule step."""
-        attributes = {
+        attributes: dict[str, Any] = {
             key: str(getattr(call, key))
             for key in ("model", "prompt_tokens", "completion_tokens", "cost_usd", "attempts")
         }
