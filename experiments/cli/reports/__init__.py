@@ -1,7 +1,7 @@
 """`python -m experiments.reports build|check`: the committed reports, regenerated and checked.
 
 Every report in `reports/` that states numbers is code output: a `Report` here says which runs it
-needs (Hydra overrides, offline and deterministic, in a clean store), how it turns them into
+needs (Hydra overrides, offline, in a clean store), how it turns them into
 Markdown, and which files its numbers depend on (the library, the harness, the scoring code, the
 configs, the datasets it reads, its own module). `build` regenerates the reports whose inputs
 changed (all of them with `--force`) and records, in `reports/manifest.json`, the commit and a
