@@ -488,6 +488,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--judge-repeats", type=int, default=Settings.judge_repeats)
     parser.add_argument("--no-report", action="store_true", help="check only, keep the report")
     parser.add_argument(
+        "--report",
+        type=Path,
+        default=REPORT,
+        help=f"where the report goes (default {REPORT.relative_to(PROJECT_ROOT)})",
+    )
+    parser.add_argument(
         "--strategies",
         default=",".join(DEFAULT_STRATEGIES),
         help=f"comma-separated of {', '.join(STRATEGIES)}; default {', '.join(DEFAULT_STRATEGIES)}",
@@ -573,8 +579,8 @@ def main(argv: list[str] | None = None) -> int:
     load = (load_before, os.getloadavg()[0])
     text = report(settings, checked, offline, judge, time.monotonic() - start, load)
     if not args.no_report:
-        REPORT.write_text(text)
-        print(f"wrote {REPORT.relative_to(PROJECT_ROOT)}")
+        args.report.write_text(text)
+        print(f"wrote {args.report}")
     print(text)
     failed = [c for c in [*checked, judge] if c.problems]
     return 1 if failed else 0
