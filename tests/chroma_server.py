@@ -13,7 +13,14 @@ import pytest
 
 from experiments.perf.servers import free_port, running
 
-__all__ = ["START_DEADLINE_S", "chroma_cli", "chroma_process", "chroma_server", "free_port"]
+__all__ = [
+    "START_DEADLINE_S",
+    "chroma_cli",
+    "chroma_process",
+    "chroma_server",
+    "free_port",
+    "ingest_cli",
+]
 
 START_DEADLINE_S = 600.0
 """Only a hang guard: a loaded 2-core machine may take long to start the server."""
@@ -48,3 +55,18 @@ def chroma_process(folder: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]
         START_DEADLINE_S,
     ) as process:
         yield url, process
+
+
+def ingest_cli(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`python -m caprag.ingest` on the fixture books with WordLlama and `env` (a hang guard)."""
+    from caprag.config import PROJECT_ROOT
+    from tests.conftest import FIXTURE_BOOKS
+
+    return subprocess.run(
+        [sys.executable, "-m", "caprag.ingest", str(FIXTURE_BOOKS)],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        env={**os.environ, "CAPRAG_EMBEDDING": "wordllama", **env},
+        timeout=600,
+    )

@@ -22,7 +22,7 @@ from caprag.embeddings import Embedder, FloatArray, get_embedder
 from caprag.errors import ConfigError, VectorStoreError
 from experiments.harness.build import build_index
 from experiments.harness.run import run
-from tests.chroma_server import chroma_server, free_port
+from tests.chroma_server import chroma_server, free_port, ingest_cli
 from tests.conftest import FIXTURE_BOOKS
 from tests.integration.test_harness import make_cfg
 
@@ -348,17 +348,6 @@ def test_ingest_that_lost_its_lease_fails_before_recording_books(server: str) ->
 
 
 # ----- how users reach it: CLI settings and errors --------------------------------------------
-
-
-def ingest_cli(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "caprag.ingest", str(FIXTURE_BOOKS)],
-        capture_output=True,
-        text=True,
-        cwd=PROJECT_ROOT,
-        env={**os.environ, "CAPRAG_EMBEDDING": "wordllama", **env},
-        timeout=600,
-    )
 
 
 def test_ingest_cli_uses_the_server_from_caprag_chroma_url(server: str, tmp_path: Path) -> None:

@@ -8,18 +8,15 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from caprag.chroma_server import TIMEOUT_VARIABLE
-from caprag.config import PROJECT_ROOT
 from caprag.errors import VectorStoreError
 from experiments.harness.build import build_index
-from tests.chroma_server import chroma_process
+from tests.chroma_server import chroma_process, ingest_cli
 from tests.conftest import FIXTURE_BOOKS
 
 HANG_GUARD_S = 600.0
@@ -34,19 +31,8 @@ def silent_server() -> Iterator[str]:
         yield f"http://127.0.0.1:{listener.getsockname()[1]}"
 
 
-def ingest(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "caprag.ingest", str(FIXTURE_BOOKS)],
-        capture_output=True,
-        text=True,
-        cwd=PROJECT_ROOT,
-        env={**os.environ, "CAPRAG_EMBEDDING": "wordllama", **env},
-        timeout=HANG_GUARD_S,
-    )
-
-
 def test_a_server_that_never_answers_ends_the_job_with_one_line(silent_server: str) -> None:
-    done = ingest({"CAPRAG_CHROMA_URL": silent_server, TIMEOUT_VARIABLE: "2"})
+    done = ingest_cli({"CAPRAG_CHROMA_URL": silent_server, TIMEOUT_VARIABLE: "2"})
     assert done.returncode == 2, done.stderr
     assert f"the Chroma server at {silent_server} (connect): no answer within 2 s" in done.stderr
     assert TIMEOUT_VARIABLE in done.stderr and "Traceback" not in done.stderr
@@ -54,7 +40,7 @@ def test_a_server_that_never_answers_ends_the_job_with_one_line(silent_server: s
 
 @pytest.mark.parametrize("value", ["0", "-3", "soon", "inf"])
 def test_a_bad_timeout_is_a_settings_error(silent_server: str, value: str) -> None:
-    done = ingest({"CAPRAG_CHROMA_URL": silent_server, TIMEOUT_VARIABLE: value})
+    done = ingest_cli({"CAPRAG_CHROMA_URL": silent_server, TIMEOUT_VARIABLE: value})
     assert done.returncode == 2, done.stderr
     assert f"{TIMEOUT_VARIABLE}={value!r}: expected seconds above 0" in done.stderr
 
