@@ -217,21 +217,63 @@ def prompt_values(
     return {k: v for k, v in values.items() if k in fields}
 
 
+REPLY_END_TOKENS = 4
+"""Tokens beside the reply's characters: the end-of-text token and the whitespace a grammar
+allows after the closing brace."""
+
+
 def longest_reply_tokens(model: type[BaseModel], cap: int | None) -> int | None:
     """Output tokens the longest reply `model`'s schema fitted to `cap` allows takes when every
     character is a token of its own, the worst a tokenizer does (runs of digits and dots such as
-    "1.1.1.1", which a small model may write to the end of a string); None: a field has no bound.
-    """
+    "1.1.1.1", which a small model may write to the end of a string): the reply's characters as
+    models lay JSON out (two-space indent, a key per line; keys, quotes and separators
+    included). None: a string or list has no bound."""
     schema = model_schema(model, cap)
-    tokens, _ = _object_cost(schema, schema)
-    for limit in model_limits(model, cap).values():
-        if limit.chars is None:
-            return None
-        if limit.items is None:
-            tokens += limit.chars
-        else:  # each item's quotes, comma and whitespace as characters, a token each
-            tokens += limit.items * (limit.chars + round(ITEM_TOKENS * CHARS_PER_TOKEN))
-    return tokens
+    longest = _longest_value(schema, schema)
+    if longest is _UNBOUNDED:
+        return None
+    return len(json.dumps(longest, indent=2, ensure_ascii=False)) + REPLY_END_TOKENS
+
+
+_UNBOUNDED = object()
+LONGEST_NUMBER = -0.123456789
+"""A number as long as a model writes one (a confidence, a score): the grammar bounds neither
+digits nor decimals, so a reply that writes more is cut like an unbounded string."""
+
+
+def _longest_value(schema: dict[str, Any], node: dict[str, Any]) -> Any:
+    """The longest valid value of `node` (`_UNBOUNDED` if a string or list has no bound)."""
+    node = _resolve(schema, node)
+    if "enum" in node:
+        return max((v for v in node["enum"]), key=lambda v: len(json.dumps(v)))
+    options = node.get("anyOf")
+    if options:
+        values = [_longest_value(schema, option) for option in options]
+        if any(v is _UNBOUNDED for v in values):
+            return _UNBOUNDED
+        return max(values, key=lambda v: len(json.dumps(v)))
+    kind = node.get("type")
+    if kind == "object":
+        value: dict[str, Any] = {}
+        for name, child in node.get("properties", {}).items():
+            value[name] = _longest_value(schema, child)
+            if value[name] is _UNBOUNDED:
+                return _UNBOUNDED
+        return value
+    if kind == "array":
+        count = node.get("maxItems")
+        item = _longest_value(schema, node.get("items", {}))
+        if not isinstance(count, int) or item is _UNBOUNDED:
+            return _UNBOUNDED
+        return [item] * count
+    if kind == "string":
+        bound = node.get("maxLength")
+        return "x" * bound if isinstance(bound, int) else _UNBOUNDED
+    if kind == "boolean":
+        return False
+    if kind == "null":
+        return None
+    return LONGEST_NUMBER  # number, integer
 
 
 def retry_cap(model: type[BaseModel], cap: int | None) -> int | None:

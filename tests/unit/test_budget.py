@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -108,3 +109,22 @@ def test_the_classifier_retry_fits_its_reasoning_a_character_a_token() -> None:
     assert reasoning is not None and reasoning > 2 * 128 - 40  # what twice the cap could not hold
     larger = retry_cap(QueryClass, 128)
     assert larger is not None and larger > reasoning
+
+
+def test_the_classifiers_cut_reply_fits_its_retry() -> None:
+    """SmolLM2's reply to the classifier, cut at a retry cap of 336 tokens: its reasoning "1.1.1..."
+    to the bound, laid out with a newline and indent per key, every character a token. The retry
+    holds every character of it."""
+    reasoning = model_limits(QueryClass, 128)["reasoning"].chars
+    assert reasoning is not None
+    sent = {"query_type": "operational", "reasoning": ("1." * reasoning)[:reasoning]}
+    larger = retry_cap(QueryClass, 128)
+    assert larger is not None and larger > len(json.dumps(sent, indent=2))
+
+
+def test_a_lists_retry_holds_every_item_laid_out() -> None:
+    limit = model_limits(Questions, 128)["questions"]
+    assert limit.chars is not None and limit.items is not None
+    sent = {"questions": ["1." * (limit.chars // 2)] * limit.items}
+    larger = retry_cap(Questions, 128)
+    assert larger is not None and larger > len(json.dumps(sent, indent=2))
