@@ -260,10 +260,23 @@ def markdown(measured: Sequence[dict[str, float]]) -> str:
     for off, on in [(off, on) for off, on in pairs if not off["traces"] and on is not None]:
         ratio = on["run_wall_s"] / off["run_wall_s"]
         met = "met" if ratio <= TRACES_TARGET else "MISSED"
+        writer_s = on["writer_cpu_ms_per_q"] * on["questions"] / 1000
         lines.append(
             f"- {off['questions']:.0f} questions at {off['in_flight']:.0f} in flight: "
-            f"{ratio:.2f}× (target ≤ {TRACES_TARGET:.2f}: {met})"
+            f"{ratio:.2f}× (target ≤ {TRACES_TARGET:.2f}: {met}); "
+            f"{on['run_wall_s'] - off['run_wall_s']:+.1f} s, against {writer_s:.1f} s of the "
+            f"trace writer's CPU ({on['writer_cpu_ms_per_q']:.0f} ms a trace)"
         )
+    lines += [
+        "",
+        "Where the time goes: answering over the ideal with repeats in turn is the harness's own "
+        "share (scheduling, LangGraph, the SDK, scoring); the rest of answering over the one-queue "
+        "ideal is the wait between repeats, which the harness runs one after another. With "
+        "traces on, the run waits at its end for the trace writer, which writes each span and each "
+        "assessment through MLflow's public tracing API (spans, then `mlflow.log_assessment` "
+        "for each score), each in its own transaction on a SQLite store: its CPU per trace, in "
+        "the table, bounds how fast traces are written, whatever the questions' latency.",
+    ]
     return "\n".join(lines)
 
 
