@@ -46,7 +46,7 @@ mlflow: setup  ## the MLflow UI on http://127.0.0.1:5000
 TEST_WORKERS ?= 2
 test: setup-local-llm  ## the whole test suite: unit tests first (fast, in a process of their own, where their guard sees every import), then the rest (integration, slow, browser, the local LLM server) on $(TEST_WORKERS) workers
 	uv run --frozen pytest -q tests/unit
-	uv run --frozen pytest -q --ignore=tests/unit -n $(TEST_WORKERS) --dist loadfile
+	uv run --frozen pytest -q --ignore=tests/unit -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 test-cluster: setup-cluster  ## the cluster tests: Ray head + Chroma + MLflow servers on 127.0.0.1 (CI runs it)
 	uv run --frozen pytest -q -m cluster tests/cluster
