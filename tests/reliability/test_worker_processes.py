@@ -88,7 +88,14 @@ def start_harness(tmp: Path, stub: StubServer) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_as_in_a_terminal,
     )
+
+
+def _as_in_a_terminal() -> None:
+    """Ctrl-C as a terminal delivers it: a suite started in the background by a shell without
+    job control inherits SIGINT ignored, and Python then never turns it into KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT])
