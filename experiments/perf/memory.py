@@ -173,20 +173,24 @@ def section(
     retriever: str = "wordllama",
     timeout_s: float = 1800.0,
     marks: Sequence[int] = MARKS,
+    source: Path = QUESTIONS_DIR,
+    corpus: Path | None = None,
 ) -> dict[str, object]:
     """Peak RSS and RSS at each of `marks` questions (every 500) of one offline run of ≥
-    `questions` questions."""
+    `questions` questions, copies of the question sets in `source` (the curated sets) asked of
+    `corpus` (the bundled books)."""
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        per_copy = copy_question_sets(folder / "probe", 1)
+        per_copy = copy_question_sets(folder / "probe", 1, source)
         copies = max(1, math.ceil(questions / per_copy))
-        count = copy_question_sets(folder / "questions", copies)
+        count = copy_question_sets(folder / "questions", copies, source)
         overrides = [
             "llm=offline",
             "dataset=all",
             f"retriever={retriever}",
             f"paths.questions={folder / 'questions'}",
+            *([f"paths.corpus={corpus}"] if corpus is not None else []),
         ]
         samples, output, exact_peak, started = run_child(folder, overrides, timeout_s)
     load_after = os.getloadavg()

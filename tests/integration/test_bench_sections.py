@@ -7,6 +7,9 @@ import pytest
 
 from experiments.perf.memory import section
 from experiments.perf.overhead import bench_overhead
+from tests.conftest import FIXTURE_BOOKS
+
+FIXTURE_QUESTIONS = FIXTURE_BOOKS.parent / "questions"
 
 PHASES = (
     "evaluate",
@@ -43,9 +46,11 @@ def test_overhead_section_measures_every_phase() -> None:
 
 @pytest.mark.slow
 def test_section_reports_rss_as_the_run_goes() -> None:
-    result = section(questions=1, marks=(200,))  # one copy of the curated sets
-    assert result["questions"] == 348
+    # Four copies of the fixture sets (9 questions each) on the fixture books: the section's
+    # bookkeeping, without writing hundreds of traces.
+    result = section(questions=30, marks=(20,), source=FIXTURE_QUESTIONS, corpus=FIXTURE_BOOKS)
+    assert result["questions"] == 36
     points = result["points"]
-    assert [p["questions"] for p in points] == [200, 348]  # type: ignore[index]
+    assert [p["questions"] for p in points] == [20, 36]  # type: ignore[index]
     assert float(result["peak_mib"]) >= float(result["rss_at_questions_mib"]) > 0  # type: ignore[arg-type]
     assert "MiB per 1,000 questions" in str(result["markdown"])
