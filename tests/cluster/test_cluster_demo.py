@@ -46,6 +46,9 @@ def demo(workdir: Path, *args: str) -> tuple[subprocess.Popen[str], Path]:
             ],
             cwd=PROJECT_ROOT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            # Ctrl-C as a terminal delivers it, also when the suite itself was started in the
+            # background by a shell without job control (SIGINT inherited as ignored).
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
             stdout=out,
             stderr=subprocess.STDOUT,
             text=True,
