@@ -15,6 +15,7 @@ from caprag.store import PassageIndex
 pytest_plugins = ("pytester",)  # tests/integration/test_unit_guard.py runs a pytest of its own
 
 FIXTURE_BOOKS = Path(__file__).parent / "fixtures" / "books"
+FIXTURE_QUESTIONS = Path(__file__).parent / "fixtures" / "questions"
 ENV_KEYS = [
     "RETRIEVAL_STRATEGY",
     "CAPRAG_LLM",

@@ -7,9 +7,7 @@ import pytest
 
 from experiments.perf.memory import section
 from experiments.perf.overhead import bench_overhead
-from tests.conftest import FIXTURE_BOOKS
-
-FIXTURE_QUESTIONS = FIXTURE_BOOKS.parent / "questions"
+from tests.conftest import FIXTURE_BOOKS, FIXTURE_QUESTIONS
 
 PHASES = (
     "evaluate",

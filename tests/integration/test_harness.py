@@ -20,10 +20,9 @@ from experiments.harness.build import steps_from_config
 from experiments.harness.data import Dataset
 from experiments.harness.run import run
 from experiments.results.row import rows_of
-from tests.conftest import FIXTURE_BOOKS
+from tests.conftest import FIXTURE_BOOKS, FIXTURE_QUESTIONS
 
 CONF = PROJECT_ROOT / "conf"
-FIXTURE_QUESTIONS = Path(__file__).parents[1] / "fixtures" / "questions"
 GROUPS = ("strategy", "llm", "retriever", "dataset", "judge")
 
 

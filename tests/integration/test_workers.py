@@ -24,12 +24,11 @@ from experiments.harness.journal import Journal
 from experiments.harness.run import run
 from experiments.harness.workers import WorkerError, WorkerPool
 from experiments.perf.openai_stub import StubServer
-from tests.conftest import FIXTURE_BOOKS
+from tests.conftest import FIXTURE_BOOKS, FIXTURE_QUESTIONS
 
 CONF = PROJECT_ROOT / "conf"
 TIMING = {"latency_s", "timings", "started_ns", "started_at"}
 """Fields that hold times: the only ones allowed to differ between the runs."""
-FIXTURE_QUESTIONS = Path(__file__).parents[1] / "fixtures" / "questions"
 
 pytestmark = pytest.mark.slow
 

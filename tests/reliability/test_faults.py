@@ -29,10 +29,9 @@ from caprag.steps.analyze import ANALYZE, SufficiencyDecision, prompt_values
 from caprag.store import PassageIndex
 from caprag.strategies import STRATEGIES
 from experiments.perf.openai_stub import StubServer
-from tests.conftest import FIXTURE_BOOKS
+from tests.conftest import FIXTURE_BOOKS, FIXTURE_QUESTIONS
 from tests.fakes import openai_steps
 
-FIXTURE_QUESTIONS = Path(__file__).parents[1] / "fixtures" / "questions"
 GOOD = {"args": {"sufficient": True, "new_queries": [], "reasoning": "enough"}}
 GOOD_JSON = {"content": '{"sufficient": true, "new_queries": [], "reasoning": "enough"}'}
 METHODS = ["function_calling", "json_schema"]

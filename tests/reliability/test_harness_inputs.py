@@ -21,10 +21,9 @@ from caprag.ingest import ingest_path
 from experiments.harness.run import run
 from experiments.harness.settings import check_tracking_uri
 from experiments.results.questions import DatasetError
-from tests.conftest import FIXTURE_BOOKS
+from tests.conftest import FIXTURE_BOOKS, FIXTURE_QUESTIONS
 
 CONF = PROJECT_ROOT / "conf"
-FIXTURE_QUESTIONS = Path(__file__).parents[1] / "fixtures" / "questions"
 
 
 def overrides(

@@ -23,9 +23,8 @@ from experiments.perf.cluster_demo import mlflow_server, running
 from experiments.perf.openai_stub import StubServer
 from experiments.perf.servers import free_port
 from experiments.results import tracking
-from tests.conftest import FIXTURE_BOOKS
+from tests.conftest import FIXTURE_BOOKS, FIXTURE_QUESTIONS
 
-FIXTURE_QUESTIONS = Path(__file__).parents[1] / "fixtures" / "questions"
 HANG_S = 600  # only catches a hang
 
 

@@ -32,7 +32,6 @@ from experiments.perf.openai_stub import StubServer
 from tests.reliability.test_secrets import harness_command
 
 CANARY = "canary-9d41b7e2c0a35f18"  # not shaped like a provider key: found by its variable
-FIXTURE_QUESTIONS = Path(__file__).parents[1] / "fixtures" / "questions"
 ECHO = {"status": 401, "echo_key": True}
 REPEAT = {"fill_tool": f"the key is {CANARY} as you asked"}
 

@@ -26,10 +26,9 @@ from caprag.store import PassageIndex
 from caprag.strategies import STRATEGIES
 from experiments.harness.journal import config_hash
 from experiments.perf.openai_stub import StubServer
-from tests.conftest import FIXTURE_BOOKS
+from tests.conftest import FIXTURE_BOOKS, FIXTURE_QUESTIONS
 
 CANARY = "canary-7f3a9c1e5d2b4a60"  # not shaped like a provider key: found by its variable
-FIXTURE_QUESTIONS = Path(__file__).parents[1] / "fixtures" / "questions"
 ECHO = {"status": 401, "echo_key": True}
 
 

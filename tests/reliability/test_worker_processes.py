@@ -15,9 +15,8 @@ import pytest
 
 from caprag.config import PROJECT_ROOT
 from experiments.perf.openai_stub import StubServer
-from tests.conftest import FIXTURE_BOOKS
+from tests.conftest import FIXTURE_BOOKS, FIXTURE_QUESTIONS
 
-FIXTURE_QUESTIONS = Path(__file__).parents[1] / "fixtures" / "questions"
 DEADLINE_S = 600.0  # only catches a hang
 
 pytestmark = pytest.mark.slow
