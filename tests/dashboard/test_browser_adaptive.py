@@ -16,6 +16,7 @@ from tests.dashboard.test_adaptive_pages import IMPOSSIBLE
 from tests.dashboard.test_browser import (
     SHOTS,
     TEXT_TIMEOUT_MS,
+    choose,
     dashboard_server,
     settle,
     shown,
@@ -48,14 +49,6 @@ def open_page(browser: Browser, url: str, wait_for: str) -> Page:
     page = visit(browser, url, wait_for, height=2400)
     shown(page.get_by_role("button", name="Reload runs"))
     return page
-
-
-def select(page: Page, label: str, typed: str) -> None:
-    """Pick the option matching what is typed in the select box with that label."""
-    page.locator("[data-testid='stSelectbox']").filter(has_text=label).first.click()
-    page.keyboard.type(typed)
-    page.keyboard.press("Enter")
-    settle(page)
 
 
 def section(page: Page, start: str, end: str, name: str) -> Path:
@@ -110,7 +103,7 @@ def test_ask_page_runs_adaptive_at_each_power(app: str, browser: Browser) -> Non
     page = open_page(browser, f"{app}/ask", "Type a question and press Ask")
     power = page.locator("[data-testid='stRadio']")
     assert power.locator("input").first.is_disabled()  # multi-hop: nothing to force
-    select(page, "Strategy", "adaptive")
+    choose(page, "Strategy", "adaptive")
     assert power.locator("input").first.is_enabled()
     logs = {p: rows(ask(page, p)) for p in ("1", "3")}
     for forced in ("1", "3"):
@@ -141,7 +134,7 @@ def test_savings_and_deeper_questions_open_their_trace(
     shown(page.get_by_text(re.compile(totals)))
     grid = page.locator("[data-testid='stDataFrame']").first
     shown(grid)
-    select(page, "Trace of", "t-ua-1")
+    choose(page, "Trace of", "t-ua-1")
     page.get_by_text("Rounds of t-ua-1").wait_for(timeout=TEXT_TIMEOUT_MS)
     rounds = rows(page.locator("[data-testid='stTable']").filter(has_text="increase_depth").first)
     assert len(rounds) >= 2 and int(rounds[-1][1]) > int(rounds[0][1]), rounds

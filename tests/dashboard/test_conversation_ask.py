@@ -45,7 +45,6 @@ def test_follow_ups_show_the_earlier_turns_with_what_they_searched_as(
         expect(body).to_contain_text("Pebble Saga Gifts, p. 7 — Old Soldier")
         expect(body).to_contain_text("Trace of turn 2")
         choose(page, 0, "single")  # another strategy: the thread's memory goes on
-        settle(page)
         ask(page, "And what does it cost?", 3)
         expect(body).to_contain_text("Turn 1: What does Old Soldier cost?")
         expect(body).to_contain_text("searched as: What penalty does Old Soldier halve?")

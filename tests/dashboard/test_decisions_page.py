@@ -20,7 +20,7 @@ from caprag.steps.assess import ConfidenceAssessment
 from caprag.store import PassageIndex
 from caprag.strategies import AdaptiveDepthStrategy, MultiHopStrategy
 from tests.browsers import launch_chromium
-from tests.dashboard.test_browser import dashboard_server
+from tests.dashboard.test_browser import choose, dashboard_server
 
 APP = str(PROJECT_ROOT / "experiments" / "dashboard" / "app.py")
 PAGE = "views/decisions.py"
@@ -177,9 +177,7 @@ def test_the_decisions_page_in_chromium(dashboard: str, logged: Logged) -> None:
             page.goto(dashboard)  # the app first: its navigation names the pages
             page.get_by_role("link", name="Decision log").click(timeout=HANG_S * 1000)
             page.get_by_text(f"Request {logged.ids['multi-hop']}").wait_for(timeout=HANG_S * 1000)
-            page.locator("[data-testid='stSelectbox']").nth(1).click()
-            page.keyboard.type("not enough")
-            page.keyboard.press("Enter")
+            choose(page, 1, "not enough")
             page.get_by_text(f"Request {logged.ids['auto']}").wait_for(timeout=HANG_S * 1000)
             page.get_by_text("missed the Old Soldier halving").first.wait_for(timeout=HANG_S * 1000)
             page.wait_for_function(
