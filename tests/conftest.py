@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,15 @@ pytest_plugins = ("pytester",)  # tests/integration/test_unit_guard.py runs a py
 
 FIXTURE_BOOKS = Path(__file__).parent / "fixtures" / "books"
 FIXTURE_QUESTIONS = Path(__file__).parent / "fixtures" / "questions"
+
+
+def sigint_as_in_a_terminal() -> None:
+    """A child's `preexec_fn`: Ctrl-C as a terminal delivers it. A suite started in the
+    background by a shell without job control inherits SIGINT ignored, and Python then never
+    turns it into KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 ENV_KEYS = [
     "RETRIEVAL_STRATEGY",
     "CAPRAG_LLM",

@@ -23,6 +23,7 @@ from mlflow import MlflowClient
 
 from caprag.config import PROJECT_ROOT
 from experiments.results.tracking import TABLE
+from tests.conftest import sigint_as_in_a_terminal
 
 pytestmark = pytest.mark.cluster
 
@@ -46,9 +47,7 @@ def demo(workdir: Path, *args: str) -> tuple[subprocess.Popen[str], Path]:
             ],
             cwd=PROJECT_ROOT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            # Ctrl-C as a terminal delivers it, also when the suite itself was started in the
-            # background by a shell without job control (SIGINT inherited as ignored).
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+            preexec_fn=sigint_as_in_a_terminal,
             stdout=out,
             stderr=subprocess.STDOUT,
             text=True,

@@ -15,7 +15,7 @@ import pytest
 
 from caprag.config import PROJECT_ROOT
 from experiments.perf.openai_stub import StubServer
-from tests.conftest import FIXTURE_BOOKS, FIXTURE_QUESTIONS
+from tests.conftest import FIXTURE_BOOKS, FIXTURE_QUESTIONS, sigint_as_in_a_terminal
 
 DEADLINE_S = 600.0  # only catches a hang
 
@@ -87,14 +87,8 @@ def start_harness(tmp: Path, stub: StubServer) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=_as_in_a_terminal,
+        preexec_fn=sigint_as_in_a_terminal,
     )
-
-
-def _as_in_a_terminal() -> None:
-    """Ctrl-C as a terminal delivers it: a suite started in the background by a shell without
-    job control inherits SIGINT ignored, and Python then never turns it into KeyboardInterrupt."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT])
