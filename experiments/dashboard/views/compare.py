@@ -42,6 +42,7 @@ from experiments.results.slices import (
 from experiments.scoring.calibration import reliability
 from experiments.scoring.oracle import OracleError, oracle_routing
 from experiments.scoring.significance import PairingError
+from experiments.scoring.verdict import Contender, set_line
 
 # The metrics recomputed on a slice: every one the metrics table shows.
 SLICED = registry.names(table_metrics())
@@ -266,6 +267,23 @@ def render_worst(
         st.markdown(f'<table class="worst">{head}{"".join(lines)}</table>', unsafe_allow_html=True)
 
 
+def render_verdict(
+    tables: dict[str, pd.DataFrame], chosen: list[str], labels: dict[str, str], where: str
+) -> None:
+    """The slice's verdict on the first screen, as `make run` prints it: the best run against
+    the runner-up on the main metric (paired over these questions, 95 % CI, p), token F1 beside
+    it, and what the winner costs per answer relative to the runner-up."""
+    contenders = [
+        Contender(labels[rid], tables[rid].assign(set=where))
+        for rid in chosen
+        if rid in tables and not tables[rid].empty
+    ]
+    if len(contenders) < 2:
+        return
+    line = set_line(contenders, where).strip().replace("$", "\\$")  # not LaTeX
+    st.success(f"**Verdict** · {line}")
+
+
 st.title("Compare runs")
 runs = selection.require_runs()
 labels = dict(zip(runs["run_id"], runs["label"], strict=True))
@@ -325,6 +343,9 @@ if dim is not None and key is not None:
         "computed on these questions only, from each run's per-question table"
         + (f" (no table, shown as —: {', '.join(no_table)})" if no_table else "")
     )
+render_verdict(
+    sliced_tables, chosen, labels, key if dim is not None and key is not None else "all questions"
+)
 numbers, worst = st.columns([3, 2])
 numbers.caption(
     "value (questions with a value / all questions) where a metric is not defined for all"
