@@ -45,6 +45,47 @@ def render_scores(row: QuestionRow, corpus: Corpus | None = None) -> None:
         st.caption(
             "Failure tags: none" + (" (the question did not fail)" if not failed(row) else "")
         )
+    if row.gold_ids:
+        st.markdown("**Where the gold passages went:**\n" + "\n".join(gold_lines(row, corpus)))
+
+
+def found_at(row: QuestionRow, passage_id: str) -> tuple[int, int, int] | None:
+    """(hop, query, rank within that query's results) where a passage first came, all from 1;
+    None when no hop returned it."""
+    for hop in row.hops:
+        ranks: dict[int, int] = {}
+        for ref in hop.documents:
+            ranks[ref.query] = ranks.get(ref.query, 0) + 1
+            if ref.passage_id == passage_id:
+                return hop.hop, ref.query + 1, ranks[ref.query]
+    return None
+
+
+def gold_lines(row: QuestionRow, corpus: Corpus | None = None) -> list[str]:
+    """One Markdown list line per gold passage: where it is (book, page, section), the hop,
+    query and rank that first found it, and whether it was handed to generation."""
+    lines = []
+    for pid in row.gold_ids:
+        info = _info(pid, row, corpus)
+        where = (
+            f" · {info.book_id} p. {info.page}" + (f" · {info.section}" if info.section else "")
+            if info is not None
+            else ""
+        )
+        first = found_at(row, pid)
+        if first is None:
+            fate = "**never retrieved** (its text is below the answer)"
+        else:
+            hop, query, rank = first
+            handed = (
+                "handed to generation"
+                if pid in row.context_ids
+                else "**not handed to generation** (cut at k)"
+            )
+            fate = f"found by hop {hop}, query {query}, rank {rank}; {handed}"
+        mark = "✓" if first is not None and pid in row.context_ids else "✗"
+        lines.append(f"- {mark} `{pid}`{html.escape(where)} — {fate}")
+    return lines
 
 
 def row_of_answer(result: AskResult, sections: Mapping[str, str]) -> QuestionRow:

@@ -20,7 +20,14 @@ from experiments.results.tracking import TABLE, mlflow
 from experiments.scoring.failures import Corpus, cited_not_followed
 from tests.conftest import FIXTURE_BOOKS
 from tests.dashboard.conftest import Store
-from tests.dashboard.test_browser import SHOTS, TEXT_TIMEOUT_MS, dashboard_server, settle, shown
+from tests.dashboard.test_browser import (
+    SHOTS,
+    TEXT_TIMEOUT_MS,
+    choose,
+    dashboard_server,
+    settle,
+    shown,
+)
 from tests.dashboard.test_slices_browser import headers, wide
 
 pytestmark = pytest.mark.browser
@@ -44,6 +51,10 @@ def test_worst_question_opens_its_trace_in_the_same_tab_and_back_returns(
     runs = [harness_store.runs["multi-hop"], harness_store.runs["multi-question"]]
     address = f"{app}/compare?runs={runs[0]}&runs={runs[1]}&by=set&slice=cross_book"
     page = wide(browser, address, "Worst questions · question set cross_book", height=1600)
+    verdict = page.get_by_text("Verdict ·", exact=False).first  # on the first screen
+    shown(verdict)
+    said = verdict.inner_text()
+    assert "cross_book (" in said and " vs " in said and "cost ×" in said, said
     worst = page.locator("table.worst a.worst")
     shown(worst.first)
     first = (worst.first.text_content() or "").strip()
@@ -59,6 +70,7 @@ def test_worst_question_opens_its_trace_in_the_same_tab_and_back_returns(
     query = parse_qs(urlparse(page.url).query)
     assert query["question"] == [first] and query["run"][0] in runs, page.url
     shown(page.get_by_text("Gold passages", exact=True).first)
+    shown(page.get_by_text("Where the gold passages went", exact=False).first)
     shoot(page, "trace-from-worst")
     page.go_back()
     page.get_by_text("Worst questions · question set cross_book").wait_for(timeout=TEXT_TIMEOUT_MS)
@@ -67,13 +79,6 @@ def test_worst_question_opens_its_trace_in_the_same_tab_and_back_returns(
     assert back["runs"] == runs and back["by"] == ["set"] and back["slice"] == ["cross_book"]
     assert urlparse(page.url).path.endswith("/compare")
     page.close()
-
-
-def pick(page: Page, label: str, typed: str) -> None:
-    """Choose the option of the select box titled `label` that matches what is typed."""
-    page.locator("[data-testid='stSelectbox']").filter(has_text=label).first.click()
-    page.keyboard.type(typed)
-    page.keyboard.press("Enter")
 
 
 def test_trace_missing_gold_human_label_export_and_ask_again(
@@ -102,7 +107,7 @@ def test_trace_missing_gold_human_label_export_and_ask_again(
     # a human label (its form folded under the trace until opened): a reason from the tag list
     # and a note, stored as MLflow human feedback
     page.get_by_text("Label this question (why it failed)").click()
-    pick(page, "Reason", "cited but not")
+    choose(page, "Reason", "cited but not")
     page.get_by_label("Note (or the reason, in your words)").fill("hop 2 never searched it")
     page.get_by_label("Your name").fill("tester")
     page.get_by_role("button", name="Save label").click()
@@ -124,7 +129,7 @@ def test_trace_missing_gold_human_label_export_and_ask_again(
 
     # ask again with another strategy: the new trace beside the original
     page.get_by_text("Ask again with other settings").click()
-    pick(page, "Strategy", "multi-hop")
+    choose(page, "Strategy", "multi-hop")
     page.get_by_role("button", name="Ask again").click()
     page.get_by_text("Asked again · multi-hop", exact=False).wait_for(timeout=TEXT_TIMEOUT_MS)
     settle(page)
