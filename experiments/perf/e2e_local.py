@@ -85,7 +85,9 @@ class Settings:
     """At temperature 0 a retry returns the same reply: each unusable reply is recorded once."""
     k: int = 2
     """Passages per answer: each costs ~250 prompt tokens of every analyze and generate call."""
-    judge_questions: int = 4
+    judge_questions: int = 3
+    """Questions the judge scores (each one 4 metrics x `judge_repeats`, about a minute and a
+    half on 2 cores): the fewest that still give a correlation with the non-LLM counterpart."""
     judge_cap: int = 256
     """RAGAS's prompts ask for lists of statements and verdicts with reasons: 128 tokens hold one
     or two of them; the judge's schemas are fitted to this cap like the pipeline's."""
