@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Locator, Page
+from playwright.sync_api import Browser, Locator, Page, expect
 
 from tests.dashboard.conftest import Store
 from tests.dashboard.test_adaptive_pages import IMPOSSIBLE
@@ -104,7 +104,8 @@ def test_ask_page_runs_adaptive_at_each_power(app: str, browser: Browser) -> Non
     power = page.locator("[data-testid='stRadio']")
     assert power.locator("input").first.is_disabled()  # multi-hop: nothing to force
     choose(page, "Strategy", "adaptive")
-    assert power.locator("input").first.is_enabled()
+    # enabled by the script run the pick starts (a busy machine may not have begun it yet)
+    expect(power.locator("input").first).to_be_enabled(timeout=TEXT_TIMEOUT_MS)
     logs = {p: rows(ask(page, p)) for p in ("1", "3")}
     for forced in ("1", "3"):
         assert len(logs[forced]) == 1, logs[forced]
