@@ -66,12 +66,7 @@ def gold_lines(row: QuestionRow, corpus: Corpus | None = None) -> list[str]:
     query and rank that first found it, and whether it was handed to generation."""
     lines = []
     for pid in row.gold_ids:
-        info = _info(pid, row, corpus)
-        where = (
-            f" · {info.book_id} p. {info.page}" + (f" · {info.section}" if info.section else "")
-            if info is not None
-            else ""
-        )
+        where = _where(_info(pid, row, corpus))
         first = found_at(row, pid)
         if first is None:
             fate = "**never retrieved** (its text is below the answer)"
@@ -193,6 +188,15 @@ def _info(pid: str, row: QuestionRow, corpus: Corpus | None) -> PassageInfo | No
     return None
 
 
+def _where(passage: PassageInfo | None) -> str:
+    """' · book p. page · section' of a passage ('' when nothing is known of it)."""
+    if passage is None:
+        return ""
+    return f" · {passage.book_id} p. {passage.page}" + (
+        f" · {passage.section}" if passage.section else ""
+    )
+
+
 def _render_texts(
     ids: list[str], row: QuestionRow, corpus: Corpus | None = None, opened: bool = False
 ) -> None:
@@ -203,12 +207,7 @@ def _render_texts(
     blocks = []
     for pid in ids:
         passage = _info(pid, row, corpus)
-        where = (
-            f" · {passage.book_id} p. {passage.page}"
-            + (f" · {passage.section}" if passage.section else "")
-            if passage is not None
-            else ""
-        )
+        where = _where(passage)
         title = html.escape(pid + where)
         if passage is None:
             body = "<em>Not in this run's rows nor in the books the dashboard reads.</em>"
