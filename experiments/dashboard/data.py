@@ -14,7 +14,6 @@ from caprag.schemas import CallUsage
 from caprag.trace import HopTrace
 from experiments.results import metrics as registry
 from experiments.results.row import SCHEMA, QuestionRow, rows_of
-from experiments.scoring.failures import Corpus, failed, failure_tags
 from experiments.scoring.oracle import ORACLE, OracleResult
 from experiments.scoring.significance import question_means
 
@@ -471,38 +470,3 @@ def oracle_cell(value: Any, name: str, total: bool = False) -> str:
         return metric.display(number)
     unit = metric.total_unit or metric.unit
     return metric.display_total(number) + (f" {unit}" if unit and number is not None else "")
-
-
-WORST = ["question_id", "set", "recall_at_k", "f1", "tags", "question"]
-WORST_SHOWN = 5
-"""Worst questions the Compare page lists per run."""
-
-
-def worst_questions(
-    table: pd.DataFrame, n: int = WORST_SHOWN, corpus: Corpus | None = None
-) -> pd.DataFrame:
-    """The run's `n` worst failed questions (`failures.failed`), one row each with its failure
-    tags: lowest gold-passage recall@k first, then lowest token F1 (a question that did not
-    finish counts as 0 on both), then question id."""
-    rows = []
-    for row in rows_of(table):
-        if not failed(row):
-            continue
-        finished = row.status == "ok"
-        recall = row.values.get("recall_at_k", float("nan")) if finished else 0.0
-        f1 = row.values.get("f1", float("nan")) if finished else 0.0
-        rows.append(
-            {
-                "question_id": row.question_id,
-                "set": row.set,
-                "recall_at_k": recall,
-                "f1": f1,
-                "tags": failure_tags(row, corpus=corpus),
-                "question": row.question,
-            }
-        )
-    frame = pd.DataFrame(rows, columns=WORST)
-    order = frame.sort_values(
-        ["recall_at_k", "f1", "question_id"], na_position="last", kind="stable"
-    )
-    return order.drop_duplicates("question_id").head(n).reset_index(drop=True)

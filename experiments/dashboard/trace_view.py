@@ -14,9 +14,16 @@ from caprag.services import AskResult
 from caprag.trace import HopTrace
 from experiments.dashboard.data import call_line, hop_documents, is_rule, steps_ran
 from experiments.results import metrics as registry
-from experiments.results.row import PassageInfo, QuestionRow
+from experiments.results.row import QuestionRow
 from experiments.results.traces import Target, case_key, find_trace
-from experiments.scoring.failures import Corpus, failed, failure_tags
+from experiments.scoring.failures import (
+    Corpus,
+    failed,
+    failure_tags,
+    gold_lines,
+    located,
+    passage_info,
+)
 
 
 def trace_id(store_uri: str, experiment_id: str, run_id: str, row: QuestionRow) -> str | None:
@@ -46,41 +53,10 @@ def render_scores(row: QuestionRow, corpus: Corpus | None = None) -> None:
             "Failure tags: none" + (" (the question did not fail)" if not failed(row) else "")
         )
     if row.gold_ids:
-        st.markdown("**Where the gold passages went:**\n" + "\n".join(gold_lines(row, corpus)))
-
-
-def found_at(row: QuestionRow, passage_id: str) -> tuple[int, int, int] | None:
-    """(hop, query, rank within that query's results) where a passage first came, all from 1;
-    None when no hop returned it."""
-    for hop in row.hops:
-        ranks: dict[int, int] = {}
-        for ref in hop.documents:
-            ranks[ref.query] = ranks.get(ref.query, 0) + 1
-            if ref.passage_id == passage_id:
-                return hop.hop, ref.query + 1, ranks[ref.query]
-    return None
-
-
-def gold_lines(row: QuestionRow, corpus: Corpus | None = None) -> list[str]:
-    """One Markdown list line per gold passage: where it is (book, page, section), the hop,
-    query and rank that first found it, and whether it was handed to generation."""
-    lines = []
-    for pid in row.gold_ids:
-        where = _where(_info(pid, row, corpus))
-        first = found_at(row, pid)
-        if first is None:
-            fate = "**never retrieved** (its text is below the answer)"
-        else:
-            hop, query, rank = first
-            handed = (
-                "handed to generation"
-                if pid in row.context_ids
-                else "**not handed to generation** (cut at k)"
-            )
-            fate = f"found by hop {hop}, query {query}, rank {rank}; {handed}"
-        mark = "✓" if first is not None and pid in row.context_ids else "✗"
-        lines.append(f"- {mark} `{pid}`{html.escape(where)} — {fate}")
-    return lines
+        st.markdown(
+            "**Where the gold passages went:**\n"
+            + "\n".join(gold_lines(row, corpus, " (its text is below the answer)"))
+        )
 
 
 def row_of_answer(result: AskResult, sections: Mapping[str, str]) -> QuestionRow:
@@ -178,25 +154,6 @@ def _render_exchange(call: CallUsage) -> None:
         st.code(call.reply, language=None, wrap_lines=True)
 
 
-def _info(pid: str, row: QuestionRow, corpus: Corpus | None) -> PassageInfo | None:
-    """What the row keeps of a passage, else what the corpus says (a passage no hop returned),
-    else None."""
-    if pid in row.passages:
-        return row.passages[pid]
-    if corpus is not None and pid in corpus.passages:
-        return corpus.passages[pid]
-    return None
-
-
-def _where(passage: PassageInfo | None) -> str:
-    """' · book p. page · section' of a passage ('' when nothing is known of it)."""
-    if passage is None:
-        return ""
-    return f" · {passage.book_id} p. {passage.page}" + (
-        f" · {passage.section}" if passage.section else ""
-    )
-
-
 def _render_texts(
     ids: list[str], row: QuestionRow, corpus: Corpus | None = None, opened: bool = False
 ) -> None:
@@ -206,8 +163,8 @@ def _render_texts(
         return
     blocks = []
     for pid in ids:
-        passage = _info(pid, row, corpus)
-        where = _where(passage)
+        passage = passage_info(pid, row, corpus)
+        where = located(passage)
         title = html.escape(pid + where)
         if passage is None:
             body = "<em>Not in this run's rows nor in the books the dashboard reads.</em>"
@@ -278,7 +235,7 @@ def _passages(
     else the corpus's)."""
     rows = []
     for pid in ids:
-        info = _info(pid, row, corpus)
+        info = passage_info(pid, row, corpus)
         rows.append(
             {
                 "passage": pid,

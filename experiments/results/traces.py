@@ -460,10 +460,11 @@ def _root(
 ) -> None:
     """The question's root span (its children were added under `root` already)."""
     row = trace.row
-    strategy = f"{trace.target.strategy} · " if trace.target.strategy else ""
+    strategy = f" · {trace.target.strategy}" if trace.target.strategy else ""
     trace.span(
-        # the trace list's Name column: which strategy answered which question of which set
-        f"{strategy}{row.set} · {row.question_id}",
+        # the trace list's Name column: which question of which set, answered by which strategy
+        # (the question first: the column cuts long names at its end)
+        f"{row.question_id} · {row.set}{strategy}",
         SpanType.CHAIN,
         None,
         {"question": row.question},

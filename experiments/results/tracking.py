@@ -233,6 +233,15 @@ def parent_run(experiment_id: str, sweep_id: str, name: str) -> str:
         return first
 
 
+RUN_NOTE = "mlflow.note.content"
+"""MLflow's system tag for a run's description: the UI shows it, as Markdown, on the run's page."""
+
+
+def describe(run_id: str, markdown: str) -> None:
+    """Set a run's description (shown on its page in the MLflow UI)."""
+    mlflow.MlflowClient().set_tag(run_id, RUN_NOTE, markdown)
+
+
 @contextlib.contextmanager
 def start(
     run_name: str, parent_id: str | None, tags: Mapping[str, str], run_id: str | None = None

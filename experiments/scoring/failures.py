@@ -33,16 +33,19 @@ one tag, so none reads "none":
 
 from __future__ import annotations
 
+import html
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import pandas as pd
+
 from caprag.books import Book, iter_citations
 from caprag.services import stop_reason
 from caprag.text import terms
 from caprag.trace import HopTrace
-from experiments.results.row import PassageInfo, QuestionRow
+from experiments.results.row import PassageInfo, QuestionRow, rows_of
 
 GOLD_NOT_RETRIEVED = "gold not retrieved"
 CITED_NOT_FOLLOWED = "cited but not followed"
@@ -209,3 +212,92 @@ def drift(row: QuestionRow) -> float:
             passage = row.passage(doc.passage_id)
             evidence += [doc.passage_id, passage.section, passage.text]
     return min(scores, default=1.0)
+
+
+def found_at(row: QuestionRow, passage_id: str) -> tuple[int, int, int] | None:
+    """(hop, query, rank within that query's results) where a passage first came, all from 1;
+    None when no hop returned it."""
+    for hop in row.hops:
+        ranks: dict[int, int] = {}
+        for ref in hop.documents:
+            ranks[ref.query] = ranks.get(ref.query, 0) + 1
+            if ref.passage_id == passage_id:
+                return hop.hop, ref.query + 1, ranks[ref.query]
+    return None
+
+
+def gold_lines(row: QuestionRow, corpus: Corpus | None = None, never_note: str = "") -> list[str]:
+    """One Markdown list line per gold passage: where it is (book, page, section), the hop,
+    query and rank that first found it, and whether it was handed to generation (`never_note`
+    follows "never retrieved": where the reader finds its text)."""
+    lines = []
+    for pid in row.gold_ids:
+        where = located(passage_info(pid, row, corpus))
+        first = found_at(row, pid)
+        if first is None:
+            fate = f"**never retrieved**{never_note}"
+        else:
+            hop, query, rank = first
+            handed = (
+                "handed to generation"
+                if pid in row.context_ids
+                else "**not handed to generation** (cut at k)"
+            )
+            fate = f"found by hop {hop}, query {query}, rank {rank}; {handed}"
+        mark = "✓" if first is not None and pid in row.context_ids else "✗"
+        lines.append(f"- {mark} `{pid}`{html.escape(where)} — {fate}")
+    return lines
+
+
+def passage_info(pid: str, row: QuestionRow, corpus: Corpus | None) -> PassageInfo | None:
+    """What the row keeps of a passage, else what the corpus says (a passage no hop returned),
+    else None."""
+    if pid in row.passages:
+        return row.passages[pid]
+    if corpus is not None and pid in corpus.passages:
+        return corpus.passages[pid]
+    return None
+
+
+def located(passage: PassageInfo | None) -> str:
+    """' · book p. page · section' of a passage ('' when nothing is known of it)."""
+    if passage is None:
+        return ""
+    return f" · {passage.book_id} p. {passage.page}" + (
+        f" · {passage.section}" if passage.section else ""
+    )
+
+
+WORST = ["question_id", "set", "recall_at_k", "f1", "tags", "question"]
+WORST_SHOWN = 5
+"""Worst questions the Compare page lists per run."""
+
+
+def worst_questions(
+    table: pd.DataFrame, n: int = WORST_SHOWN, corpus: Corpus | None = None
+) -> pd.DataFrame:
+    """The run's `n` worst failed questions (`failures.failed`), one row each with its failure
+    tags: lowest gold-passage recall@k first, then lowest token F1 (a question that did not
+    finish counts as 0 on both), then question id."""
+    rows = []
+    for row in rows_of(table):
+        if not failed(row):
+            continue
+        finished = row.status == "ok"
+        recall = row.values.get("recall_at_k", float("nan")) if finished else 0.0
+        f1 = row.values.get("f1", float("nan")) if finished else 0.0
+        rows.append(
+            {
+                "question_id": row.question_id,
+                "set": row.set,
+                "recall_at_k": recall,
+                "f1": f1,
+                "tags": failure_tags(row, corpus=corpus),
+                "question": row.question,
+            }
+        )
+    frame = pd.DataFrame(rows, columns=WORST)
+    order = frame.sort_values(
+        ["recall_at_k", "f1", "question_id"], na_position="last", kind="stable"
+    )
+    return order.drop_duplicates("question_id").head(n).reset_index(drop=True)

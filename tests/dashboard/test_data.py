@@ -11,6 +11,7 @@ import pytest
 from caprag.schemas import CallUsage
 from experiments.dashboard import data
 from experiments.results.row import QuestionRow
+from experiments.scoring import failures
 
 
 def raw_runs() -> pd.DataFrame:
@@ -197,7 +198,7 @@ def test_worst_questions_are_the_failed_ones_lowest_recall_first() -> None:
             asked("lost-too", 0.0, 0.2),
         ]
     )
-    worst = data.worst_questions(table, n=3)
+    worst = failures.worst_questions(table, n=3)
     assert list(worst["question_id"]) == ["crashed", "lost-too", "lost"]
     assert worst.loc[0, "tags"] == ["error"] and worst.loc[1, "tags"] == ["gold not retrieved"]
-    assert list(data.worst_questions(table)["question_id"])[-1] == "missed"
+    assert list(failures.worst_questions(table)["question_id"])[-1] == "missed"

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from caprag.schemas import RetrievedRef
 from caprag.trace import HopTrace
-from experiments.dashboard.trace_view import found_at, gold_lines
 from experiments.results.row import PassageInfo, QuestionRow
-from experiments.scoring.failures import Corpus
+from experiments.scoring.failures import Corpus, found_at, gold_lines
 
 
 def ref(pid: str, query: int = 0) -> RetrievedRef:
@@ -38,7 +37,7 @@ def test_each_gold_passage_says_where_it_is_and_what_became_of_it() -> None:
     assert found_at(row, "b/cut") == (1, 2, 2)  # hop 1, its second query, that query's rank 2
     assert found_at(row, "c/late") == (2, 1, 1)
     assert found_at(row, "d/never") is None
-    assert gold_lines(row, corpus) == [
+    assert gold_lines(row, corpus, never_note=" (its text is below the answer)") == [
         "- ✗ `b/cut` · b p. 3 · Cut — found by hop 1, query 2, rank 2; "
         "**not handed to generation** (cut at k)",
         "- ✓ `c/late` — found by hop 2, query 1, rank 1; handed to generation",

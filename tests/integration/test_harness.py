@@ -227,7 +227,7 @@ def test_sweep_makes_a_parent_run_with_a_child_per_config(launcher: str, tmp_pat
         "strategy=multi-hop,multi-question",
         "dataset=single_book",
         "pipeline.history_pairs=10",  # set, not swept: the parent's name leaves it out
-        "tracking.traces=false",
+        f"tracking.traces={launcher == 'basic'}",  # the description links traces when written
         "experiment.ragas=false",
         f"hydra/launcher={launcher}",
         f"hydra.sweep.dir={tmp_path / 'multirun'}",
@@ -245,3 +245,16 @@ def test_sweep_makes_a_parent_run_with_a_child_per_config(launcher: str, tmp_pat
         "multi-hop",
         "multi-question",
     ]
+    # The parent's description (its page in the MLflow UI) is the verdict the sweep printed, then
+    # each run's worst question of each set: tags, where its gold went, a link to its trace.
+    note = parents[0].data.tags["mlflow.note.content"]
+    assert note.startswith("**Verdict (2 runs; per set")
+    printed = done.stdout.split("Verdict (2 runs")[1].splitlines()[1]
+    assert f"- {printed.strip()}" in note
+    assert "**Each run's worst question per set**" in note and "*single_book*" in note
+    worst = note.split("*single_book*")[1]
+    assert "**multi-hop" in worst and "**multi-question" in worst
+    assert "found by hop" in worst or "never retrieved" in worst
+    linked = "](#/experiments/" in worst and "/traces?selectedEvaluationId=tr-" in worst
+    assert linked == (launcher == "basic")
+    assert f"description of MLflow run {parents[0].info.run_id}" in done.stdout

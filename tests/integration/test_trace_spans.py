@@ -128,10 +128,10 @@ def test_a_trace_is_tagged_with_what_the_trace_list_filters_by(target: traces.Ta
             "caprag.turn": "2",
             "caprag.status": "ok",
             "caprag.strategy": "multi-hop",
-            "mlflow.traceName": "multi-hop · cross_book · t-cb-1",
+            "mlflow.traceName": "t-cb-1 · cross_book · multi-hop",
         }.items()
     )
-    assert root_of(trace).name == "multi-hop · cross_book · t-cb-1"
+    assert root_of(trace).name == "t-cb-1 · cross_book · multi-hop"
     # the trace list's Tokens and Run columns: usage summed from the chat spans, the source run
     # (the rule step's tokens too: the ones it is priced by, as if its prompt were sent)
     assert trace.info.token_usage == {"input_tokens": 500, "output_tokens": 40, "total_tokens": 540}

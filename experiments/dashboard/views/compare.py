@@ -11,7 +11,6 @@ from experiments.dashboard import charts, selection, store
 from experiments.dashboard.data import (
     COST,
     QUALITY,
-    WORST_SHOWN,
     adaptive_runs,
     always_deep_run,
     decision_log,
@@ -27,7 +26,6 @@ from experiments.dashboard.data import (
     savings_vs_deep,
     schema_warning,
     table_metrics,
-    worst_questions,
 )
 from experiments.dashboard.trace_view import render_trace
 from experiments.results import metrics as registry
@@ -40,6 +38,7 @@ from experiments.results.slices import (
     sliced_runs,
 )
 from experiments.scoring.calibration import reliability
+from experiments.scoring.failures import WORST_SHOWN, worst_questions
 from experiments.scoring.oracle import OracleError, oracle_routing
 from experiments.scoring.significance import PairingError
 from experiments.scoring.verdict import Contender, set_line
