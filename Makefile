@@ -42,10 +42,10 @@ mlflow: setup  ## the MLflow UI on http://127.0.0.1:5000
 # pytest-xdist workers for the tests beyond unit/ (each loads the whole stack: ~2 GB of memory).
 # --dist loadfile keeps a module's tests on one worker, so its module fixtures (servers, stores,
 # a browser) start once. (loadgroup would also keep the dashboard's session stores on one worker,
-# but it silently stops grouping with pytest 9.2: pytest-xdist issue #1386.) Three workers on two
-# cores: a worker waiting on a server, a browser or a subprocess leaves its core to another
-# (measured on an idle 2-core machine: 10 min 28 s against 11 min 5 s on two).
-TEST_WORKERS ?= 3
+# but it silently stops grouping with pytest 9.2: pytest-xdist issue #1386.) Two workers on two
+# cores: three took 10 min 28 s against 11 min 5 s alone, but 14 min 6 s against 12 min 44 s with
+# CI's provider-like run beside them (fresh-clone CI on an idle 2-core machine).
+TEST_WORKERS ?= 2
 test: setup-local-llm  ## the whole test suite: unit tests first (fast, in a process of their own, where their guard sees every import), then the rest (integration, slow, browser, the local LLM server) on $(TEST_WORKERS) workers
 	uv run --frozen pytest -q tests/unit
 	uv run --frozen pytest -q --ignore=tests/unit -n $(TEST_WORKERS) --dist loadfile --durations=15
