@@ -8,9 +8,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from caprag.books import load_books
 from caprag.config import load_settings
-from caprag.errors import CapragError
 from experiments.dashboard.data import POWER_PARAM, runs_frame
 from experiments.results import tracking
 from experiments.results.labels import Label, labels_of
@@ -39,10 +37,7 @@ def run_url(experiment_id: str, run_id: str, base: str | None = None) -> str:
 
 def trace_url(experiment_id: str, trace_id: str, base: str | None = None) -> str:
     """A trace's page in the MLflow UI: the experiment's trace list with that trace open."""
-    return (
-        f"{(base or ui_base()).rstrip('/')}/#/experiments/{experiment_id}/traces"
-        f"?selectedEvaluationId={trace_id}"
-    )
+    return f"{(base or ui_base()).rstrip('/')}/{tracking.trace_route(experiment_id, trace_id)}"
 
 
 def missing_store(store_uri: str) -> bool:
@@ -87,10 +82,7 @@ def corpus() -> Corpus:
     """The books the dashboard's settings name (CAPRAG_CORPUS, default the bundled ones): where a
     gold passage no hop returned is (book, page, section, text), and which citations point at
     it. Empty when the folder is not a books folder (a benchmark's passages are not books)."""
-    try:
-        return Corpus.of(load_books(load_settings().corpus))
-    except (CapragError, OSError):
-        return Corpus()
+    return Corpus.of_folder(load_settings().corpus)
 
 
 @st.cache_data(ttl=TTL_S, max_entries=64, show_spinner=False)

@@ -31,6 +31,7 @@ class SweepVerdict(Callback):
 
         from experiments.results.runs import connect, distinct_labels, latest_sweep, load_run
         from experiments.results.tracking import describe, sweep_parents
+        from experiments.scoring.failures import Corpus
         from experiments.scoring.verdict import Contender, verdict_lines
 
         if not config.tracking.enabled or config.experiment.dry_run:
@@ -50,7 +51,7 @@ class SweepVerdict(Callback):
         print("\n".join(lines))
         parents = sweep_parents(experiment_id, str(config.hydra.sweep.dir))
         if parents:
-            corpus = _corpus(str(config.paths.corpus))
+            corpus = Corpus.of_folder(str(config.paths.corpus))
             describe(
                 parents[0],
                 sweep_note(lines, runs, experiment_id, mlflow.get_tracking_uri(), corpus),
@@ -61,47 +62,33 @@ class SweepVerdict(Callback):
             )
 
 
-def _corpus(folder: str) -> Any:
-    """The books of the run (where a passage no hop returned is); empty for a benchmark's pool."""
-    from caprag.books import load_books
-    from caprag.errors import CapragError
-    from experiments.scoring.failures import Corpus
-
-    try:
-        return Corpus.of(load_books(folder))
-    except (CapragError, OSError):
-        return Corpus()
-
-
 def sweep_note(
     lines: Sequence[str], runs: Sequence[LoadedRun], experiment_id: str, uri: str, corpus: Corpus
 ) -> str:
     """The parent run's description (Markdown): the verdict, then per set each run's worst failed
     question with its tags, where each gold passage went and a link to its trace."""
     from experiments.results.row import rows_of
-    from experiments.results.traces import Target, case_key, find_trace
-    from experiments.scoring.failures import failure_tags, gold_lines, worst_questions
+    from experiments.results.traces import Target, case_key, trace_ids
+    from experiments.results.tracking import trace_route
+    from experiments.scoring.failures import gold_lines, worst_of
 
     heading, *rest = lines
     out = [f"**{heading}**", "", *(f"- {line.strip()}" for line in rest), ""]
     by_set: dict[str, list[str]] = {}
     for run in runs:
         rows = {row.question_id: row for row in rows_of(run.questions)}
-        worst = worst_questions(run.questions, n=len(rows), corpus=corpus)
-        for question_id in worst.drop_duplicates("set")["question_id"]:
+        traced = trace_ids(Target(uri, experiment_id, run.run_id))
+        worst = worst_of(rows.values(), n=len(rows), corpus=corpus).drop_duplicates("set")
+        for question_id, tags in zip(worst["question_id"], worst["tags"], strict=True):
             row = rows[str(question_id)]
-            found = find_trace(
-                Target(uri, experiment_id, run.run_id), case_key(row.repeat, row.question_id)
-            )
+            found = traced.get(case_key(row.repeat, row.question_id))
             name = (
-                f"[{row.question_id}](#/experiments/{experiment_id}/traces"
-                f"?selectedEvaluationId={found})"
+                f"[{row.question_id}]({trace_route(experiment_id, found)})"
                 if found
                 else f"`{row.question_id}`"
             )
-            tags = ", ".join(failure_tags(row, corpus=corpus))
             by_set.setdefault(row.set, []).append(
-                f"- **{run.label}**: {name} ({tags}) — {row.question}\n"
+                f"- **{run.label}**: {name} ({', '.join(tags)}) — {row.question}\n"
                 + "\n".join(f"  {line}" for line in gold_lines(row, corpus))
             )
     out.append("**Each run's worst question per set** (lowest recall@k, then token F1):")

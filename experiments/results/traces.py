@@ -599,9 +599,20 @@ def find_trace(target: Target, case: str) -> str | None:
     return found[0] if found else None
 
 
+def trace_ids(target: Target) -> dict[str, str]:
+    """The id of the trace a run wrote for each of its traced cases, read in one pass (the
+    first one, as `find_trace` gives it, when a case has more)."""
+    ids: dict[str, str] = {}
+    for t in _run_traces(target):
+        case = t.info.tags.get(CASE_TAG)
+        if case is not None:
+            ids.setdefault(str(case), t.info.trace_id)
+    return ids
+
+
 def traced_cases(target: Target) -> set[str]:
     """Cases of a run that have a trace."""
-    return {str(t.info.tags[CASE_TAG]) for t in _run_traces(target) if CASE_TAG in t.info.tags}
+    return set(trace_ids(target))
 
 
 def _warn(message: str) -> None:

@@ -237,6 +237,12 @@ RUN_NOTE = "mlflow.note.content"
 """MLflow's system tag for a run's description: the UI shows it, as Markdown, on the run's page."""
 
 
+def trace_route(experiment_id: str, trace_id: str) -> str:
+    """A trace's place in the MLflow UI, relative to its base: the experiment's trace list with
+    that trace open."""
+    return f"#/experiments/{experiment_id}/traces?selectedEvaluationId={trace_id}"
+
+
 def describe(run_id: str, markdown: str) -> None:
     """Set a run's description (shown on its page in the MLflow UI)."""
     mlflow.MlflowClient().set_tag(run_id, RUN_NOTE, markdown)

@@ -38,10 +38,12 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pandas as pd
 
-from caprag.books import Book, iter_citations
+from caprag.books import Book, iter_citations, load_books
+from caprag.errors import CapragError
 from caprag.services import stop_reason
 from caprag.text import terms
 from caprag.trace import HopTrace
@@ -92,6 +94,15 @@ class Corpus:
                     book_id=meta.book_id, page=p.page, section=p.section, text=p.text
                 )
         return cls(passages, names)
+
+    @classmethod
+    def of_folder(cls, folder: str | Path) -> Corpus:
+        """The corpus of a books folder; empty when the folder is not one (a benchmark's passages
+        are not books)."""
+        try:
+            return cls.of(load_books(folder))
+        except (CapragError, OSError):
+            return cls()
 
     def cited(self, text: str) -> set[tuple[str, int]]:
         """The (book id, page) of each citation in a text whose book the corpus knows."""
@@ -279,14 +290,21 @@ def worst_questions(
     """The run's `n` worst failed questions (`failures.failed`), one row each with its failure
     tags: lowest gold-passage recall@k first, then lowest token F1 (a question that did not
     finish counts as 0 on both), then question id."""
-    rows = []
-    for row in rows_of(table):
+    return worst_of(rows_of(table), n, corpus)
+
+
+def worst_of(
+    rows: Iterable[QuestionRow], n: int = WORST_SHOWN, corpus: Corpus | None = None
+) -> pd.DataFrame:
+    """`worst_questions` of rows already read from a run's table."""
+    worst = []
+    for row in rows:
         if not failed(row):
             continue
         finished = row.status == "ok"
         recall = row.values.get("recall_at_k", float("nan")) if finished else 0.0
         f1 = row.values.get("f1", float("nan")) if finished else 0.0
-        rows.append(
+        worst.append(
             {
                 "question_id": row.question_id,
                 "set": row.set,
@@ -296,7 +314,7 @@ def worst_questions(
                 "question": row.question,
             }
         )
-    frame = pd.DataFrame(rows, columns=WORST)
+    frame = pd.DataFrame(worst, columns=WORST)
     order = frame.sort_values(
         ["recall_at_k", "f1", "question_id"], na_position="last", kind="stable"
     )

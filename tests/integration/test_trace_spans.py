@@ -255,6 +255,7 @@ def test_a_question_s_trace_is_found_by_its_run_and_case(target: traces.Target) 
     trace = written(answered(), target)
     assert traces.find_trace(target, "0:t-cb-1") == trace.info.trace_id
     assert traces.find_trace(target, "1:t-cb-1") is None
+    assert traces.trace_ids(target) == {"0:t-cb-1": trace.info.trace_id}
 
 
 def test_the_row_keeps_each_passage_s_text_once_and_cuts_a_long_one() -> None:
