@@ -231,6 +231,7 @@ def test_close_looks_up_only_the_traces_the_writer_did_not_report(
 
 WRITER_DIES_WITH_ROWS_QUEUED = """
 import os, sys, time
+ROWS = 12
 from caprag.config import PROJECT_ROOT
 from experiments.results import traces
 from tests.integration.test_traces import make_row, make_target
@@ -247,9 +248,9 @@ def dies(rows, target):
 traces.write_traces = dies
 target = make_target(Path(sys.argv[1]))
 rows = []
-for n in range(150):
+for n in range(ROWS):
     row = make_row(n, time.time_ns())
-    row.answer = "x" * 20_000  # together far more than a pipe holds
+    row.answer = "x" * 50_000  # together far more than a pipe holds (64 KiB)
     rows.append(row)
 writer = traces.TraceWriter()
 writer.bind(target)
@@ -271,7 +272,7 @@ def test_a_writer_that_dies_mid_run_with_rows_queued_does_not_hold_the_harness(
         timeout=600,  # only catches a harness that never exits
     )
     assert done.returncode == 0, done.stderr
-    assert "traces 150" in done.stdout
+    assert "traces 12" in done.stdout
     assert "the trace writer ended with exit code 3" in done.stderr
     assert "traces were not written by the trace writer: writing them now" in done.stderr
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
@@ -279,7 +280,7 @@ def test_a_writer_that_dies_mid_run_with_rows_queued_does_not_hold_the_harness(
     assert experiment is not None
     mlflow.set_tracking_uri(uri)
     found = mlflow.search_traces(locations=[experiment.experiment_id], return_type="list")
-    assert len({t.info.tags[traces.CASE_TAG] for t in found}) == len(found) == 150
+    assert len({t.info.tags[traces.CASE_TAG] for t in found}) == len(found) == 12
 
 
 def test_a_kept_writer_serves_run_after_run_and_reports_each_run_s_traces(
