@@ -17,6 +17,7 @@ A 135M model answers badly: the point is the protocol and the bookkeeping, not t
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -36,6 +37,7 @@ from caprag.llm.budget import CHARS_PER_TOKEN
 from caprag.schemas import CallUsage
 from experiments.harness.run import RunResult, run
 from experiments.perf.local_llm import LocalServer, ensure_installed, local_llm_server
+from experiments.results.questions import QUESTIONS_DIR
 from experiments.results.tables import markdown_table
 from experiments.scoring.judges import agreement
 
@@ -73,9 +75,13 @@ class Settings:
     """What one end-to-end pass runs."""
 
     cases: str = "{single_book:1,cross_book:1,follow_up:1,unanswerable:1}"
-    """Cases per question set: 8 questions, every kind once (the follow-up conversation has 5
-    turns). The run checks the protocol and the bookkeeping, which more questions of a kind
-    do not test further; each question costs ~20 s of model time on 2 cores per strategy."""
+    """Cases per question set: every kind once. The run checks the protocol and the bookkeeping,
+    which more questions of a kind do not test further; each question costs ~20 s of model time
+    on 2 cores per strategy."""
+    follow_up_turns: int | None = 3
+    """A conversation's first turns kept (None: all of them): the first question and two
+    follow-ups that lean on it ("And at level 3?"), so a pass asks 6 questions per strategy;
+    the follow-up set's conversations have 4 or 5 turns, the later ones more of the same kind."""
     limit: int | None = None
     """At most this many questions of those cases (`experiment.limit`; None: all of them): a
     shorter pass on a busy machine."""
@@ -135,6 +141,24 @@ def compose_cfg(folder: Path, *overrides: str) -> Any:
                 *overrides,
             ],
         )
+
+
+def question_sets(folder: Path, turns: int | None) -> Path:
+    """The curated sets with each conversation cut to its first `turns` turns, written into
+    `folder` (one line per line of the original, so a file:line still points at the same item);
+    the curated folder itself when `turns` is None."""
+    if turns is None:
+        return QUESTIONS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    for file in sorted(QUESTIONS_DIR.glob("*.jsonl")):
+        lines = []
+        for line in file.read_text(encoding="utf-8").splitlines():
+            item = json.loads(line) if line.strip() else None
+            if isinstance(item, dict) and "turns" in item:
+                line = json.dumps({**item, "turns": item["turns"][:turns]}, ensure_ascii=False)
+            lines.append(line)
+        (folder / file.name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return folder
 
 
 def model_overrides(server: LocalServer, settings: Settings) -> list[str]:
@@ -270,8 +294,13 @@ def report(
         f"`structured_method={settings.structured_method}`, k={settings.k}, on the first "
         f"cases of each curated set `{settings.cases}`"
         + (f", at most {settings.limit} questions" if settings.limit is not None else "")
-        + " (single-book, cross-book, a follow-up "
-        "conversation, unanswerable), one parse attempt per call (at temperature 0 a retry "
+        + " (single-book, cross-book, a follow-up conversation"
+        + (
+            f" cut to its first {settings.follow_up_turns} turns"
+            if settings.follow_up_turns is not None
+            else ""
+        )
+        + ", unanswerable), one parse attempt per call (at temperature 0 a retry "
         "repeats the reply) plus one retry for a reply cut at the cap, with twice the cap or "
         "the longest reply the schema allows at one token per character if that is more. Every "
         "string and list of a step's schema is bounded from the cap (`caprag.llm.budget`: "
@@ -487,6 +516,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--cases", default=Settings.cases, help="experiment.limit_per_set")
     parser.add_argument("--limit", type=int, default=None, help="experiment.limit")
+    parser.add_argument(
+        "--follow-up-turns",
+        type=int,
+        default=Settings.follow_up_turns,
+        help=f"a conversation's first turns kept (default {Settings.follow_up_turns}; 0: all)",
+    )
     parser.add_argument("--cap", type=int, default=Settings.cap)
     parser.add_argument(
         "--judge-questions", type=int, default=Settings.judge_questions, help="experiment.limit"
@@ -510,9 +545,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             f"--strategies: unknown {', '.join(unknown)}; expected some of {', '.join(STRATEGIES)}"
         )
+    if args.follow_up_turns == 1 or args.follow_up_turns < 0:
+        parser.error("--follow-up-turns: 2 or more (a first question and a follow-up), or 0: all")
     chosen = {name: STRATEGIES[name] for name in args.strategies.split(",")}
     settings = Settings(
         cases=args.cases,
+        follow_up_turns=args.follow_up_turns or None,
         limit=args.limit,
         cap=args.cap,
         judge_questions=args.judge_questions,
@@ -521,17 +559,19 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault(LOCAL_KEY_VARIABLE, "local")
     ensure_installed()
     start, load_before = time.monotonic(), os.getloadavg()[0]
-    common = [
-        "dataset=all",
-        f"experiment.limit_per_set={settings.cases}",
-        f"retriever.k={settings.k}",
-        *([f"experiment.limit={settings.limit}"] if settings.limit is not None else []),
-    ]
     with (
         tempfile.TemporaryDirectory(prefix="caprag-e2e-") as tmp,
         local_llm_server() as server,
     ):
         folder = Path(tmp)
+        questions = question_sets(folder / "questions", settings.follow_up_turns)
+        common = [
+            "dataset=all",
+            f"paths.questions={questions}",
+            f"experiment.limit_per_set={settings.cases}",
+            f"retriever.k={settings.k}",
+            *([f"experiment.limit={settings.limit}"] if settings.limit is not None else []),
+        ]
         print(f"local server {server.base_url} ({server.model}); runs in {folder}", flush=True)
         offline: dict[str, RunResult] = {}
         checked: list[Checked] = []
