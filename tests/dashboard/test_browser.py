@@ -108,6 +108,33 @@ def choose(page: Page, box: int | str, typed: str) -> None:
     settle(page)
 
 
+def press_until_shown(page: Page, button: Locator, text: str, errors_in: Locator) -> None:
+    """Press a button until `text` shows; fail with the error it shows in `errors_in` (where
+    the button's own errors go) when it shows one instead.
+
+    On a busy machine a press that lands while a script run is ending can be dropped (Streamlit
+    keeps a button's trigger for one run only): when, a moment after the press, no script is
+    running and neither the text nor an error shows, it is pressed again. A run in progress is
+    waited for (a hang guard only).
+    """
+    wanted = page.get_by_text(text, exact=False).first
+    error = errors_in.locator("[data-testid='stAlert'], [data-testid='stException']")
+    running = page.locator("[data-testid='stStatusWidget']")
+    deadline = time.monotonic() + TEXT_TIMEOUT_MS / 1000  # a hang guard, not a deadline
+    while True:
+        button.click()
+        try:
+            expect(wanted.or_(error.first).or_(running)).to_be_visible(timeout=PICK_WAIT_MS)
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+            continue  # nothing started: the press was dropped
+        expect(wanted.or_(error.first)).to_be_visible(timeout=TEXT_TIMEOUT_MS)
+        if error.count() and not wanted.is_visible():
+            raise AssertionError(f"the page shows an error: {error.first.inner_text()}")
+        return
+
+
 def shoot(page: Page, name: str) -> Path:
     SHOTS.mkdir(parents=True, exist_ok=True)
     path = SHOTS / f"dashboard-{name}.png"

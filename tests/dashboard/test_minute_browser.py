@@ -25,6 +25,7 @@ from tests.dashboard.test_browser import (
     TEXT_TIMEOUT_MS,
     choose,
     dashboard_server,
+    press_until_shown,
     settle,
     shown,
 )
@@ -130,8 +131,10 @@ def test_trace_missing_gold_human_label_export_and_ask_again(
     # ask again with another strategy: the new trace beside the original
     page.get_by_text("Ask again with other settings").click()
     choose(page, "Strategy", "multi-hop")
-    page.get_by_role("button", name="Ask again").click()
-    page.get_by_text("Asked again · multi-hop", exact=False).wait_for(timeout=TEXT_TIMEOUT_MS)
+    form = page.locator("[data-testid='stExpander']").filter(has_text="Ask again with other")
+    press_until_shown(
+        page, page.get_by_role("button", name="Ask again"), "Asked again · multi-hop", form
+    )
     settle(page)
     shown(page.get_by_text("Original · multi-question", exact=False))
     columns = page.locator("[data-testid='stColumn']").filter(has_text="Asked again")
