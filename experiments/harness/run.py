@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +61,12 @@ class RunResult:
     """Questions taken from the journal of an earlier, interrupted process."""
     estimate: CostEstimate | None = None
     """The dry run's estimate (experiment.dry_run=true): then no question was asked."""
+    answering_s: float = 0.0
+    """Seconds from the first question asked to the last one answered (scored and journaled)."""
+    recording_s: float = 0.0
+    """Seconds after the last answer until the run was recorded: results, traces, count-back."""
+    traces_missing: str = ""
+    """What the count-back found missing and could not write again (empty: every trace is in)."""
 
     @property
     def all_failed(self) -> bool:
@@ -114,6 +121,7 @@ def run(
             retries, int(OmegaConf.select(cfg, "tracking.timeout_s", default=tracking.TIMEOUT_S))
         )
         tracking.check_reachable(tracking.tracking_uri(cfg.tracking.uri))
+        tracking.use_wal(tracking.tracking_uri(cfg.tracking.uri))
     if not dry:
         if cfg.tracking.enabled and cfg.tracking.traces:
             traces.shared()  # forked before anything is built: the fork copies little
@@ -144,12 +152,15 @@ def run(
     print(f"run {name}: {questions} questions{times}; " + describe_setup(setup), flush=True)
     writing = bool(cfg.tracking.enabled and cfg.tracking.traces)
     journaled: list[Path] = []
+    incomplete: TracesIncompleteError | None = None
     try:
         identity = RunIdentity.resolve(cfg, config, parts.dataset)
         tags = run_tags(cfg, identity, strategy, parts.steps, setup)
         names = (name, strategy.name)
         rest = (sweep_id, tags, config, writing, journaled, setup)
         result = _run_logged(cfg, parts, identity, names, *rest, hooks=hooks)
+    except TracesIncompleteError as exc:
+        result, incomplete = exc.result, exc
     except Exception as exc:
         uri = tracking.tracking_uri(cfg.tracking.uri)
         if not (cfg.tracking.enabled and tracking.is_remote(uri) and tracking.unreachable(exc)):
@@ -158,6 +169,9 @@ def run(
         raise tracking.TrackingUnavailableError(tracking.lost(uri, exc, journal, retries)) from None
     failed = failures(result.rows)
     print(run_table(result.aggregates, result.summary, failed), flush=True)
+    print(time_split(result), flush=True)
+    if incomplete is not None:
+        raise incomplete
     if failed.all_failed:
         print(
             f"warning: every question failed ({failed.failed} of {failed.total}), so no metric "
@@ -210,10 +224,12 @@ def _run_logged(
             _resume_traces(trace_writer, identity, run_id, done, strategy_name)
         reuse = row_cache(cfg, parts, config) if hooks.reuse_rows else None
         try:
+            answering = time.monotonic()
             with hooks.phase("evaluate"):
                 rows = asyncio.run(
                     _evaluate_repeats(cfg, parts, repeats, done, journal, trace_writer, reuse, pool)
                 )
+            answering_s = time.monotonic() - answering
         finally:
             if reuse is not None:
                 reuse.close()
@@ -236,10 +252,16 @@ def _run_logged(
             summary,
             config=config,
             resumed=resumed,
+            answering_s=answering_s,
         )
+        recording = time.monotonic()
         if run_id is not None:
             result.run_id = run_id
-            result.traces = _log(result, trace_writer, uri=identity.uri, hooks=hooks)
+            _log(result, trace_writer, uri=identity.uri, hooks=hooks)
+            if result.traces_missing:  # the run ends FAILED, its journal kept: run again to mend
+                result.recording_s = time.monotonic() - recording
+                raise TracesIncompleteError(result)
+    result.recording_s = time.monotonic() - recording
     return result
 
 
@@ -311,24 +333,57 @@ def _resume_traces(
         trace_writer.submit([row for row in journaled if traces.case_of(row) not in traced])
 
 
+class TracesIncompleteError(CapragError):
+    """Some of a run's traces could not be written, even again; the run keeps its rows and
+    metrics, is tagged with what is missing and ends FAILED, so the same command resumes it and
+    writes only the missing traces."""
+
+    def __init__(self, result: RunResult) -> None:
+        super().__init__(
+            f"run {result.run_id}: {result.traces_missing}; its rows and metrics are logged and "
+            "it is tagged caprag.traces_missing: run the same command again to write the "
+            "missing traces"
+        )
+        self.result = result
+
+
 def _log(
     result: RunResult,
     trace_writer: traces.TraceWriter | None,
     uri: str | None,
     hooks: RunHooks = NO_HOOKS,
-) -> int:
+) -> None:
     """Results and table into the open run (while the trace writer writes its last batch), then
-    waits for the writer."""
+    wait for the writer (a bar shows its progress) and count back the run's traces: a shortfall
+    is written again, and what still falls short is kept in `result.traces_missing` and tagged
+    on the run."""
     from experiments.results import tracking
 
     if trace_writer is not None:
         trace_writer.finish()
     with hooks.phase("mlflow_results"):
         tracking.log_results(result.rows, result.aggregates, result.summary)
+    written = 0
     with hooks.phase("mlflow_traces"):
-        written = trace_writer.close(result.rows) if trace_writer is not None else 0
+        if trace_writer is not None:
+            counted = trace_writer.close(result.rows)
+            written = counted.expected - len(counted.missing)
+            if not counted.complete:
+                result.traces_missing = counted.line()
+            tracking.tag_traces_missing(result.traces_missing)
+    result.traces = written
     print(f"logged MLflow run {result.run_id} ({written} traces) to {uri}")
-    return written
+
+
+def time_split(result: RunResult) -> str:
+    """Where the run's time went, in one line: answering, then recording after the last answer."""
+    questions = len(result.rows)
+    rate = f", {questions / result.answering_s:.0f} q/s" if result.answering_s > 0 else ""
+    traced = f", {result.traces} traces" if result.traces else ""
+    return (
+        f"time: answering {result.answering_s:.1f} s ({questions} questions{rate}); "
+        f"recording {result.recording_s:.1f} s after the last answer (results{traced})"
+    )
 
 
 cluster.quiet_launcher_schema_warning()

@@ -1,15 +1,32 @@
-"""One MLflow trace per question, written while the run goes on.
+"""One MLflow trace per question, written while the run goes on, at the store's pace.
 
 Each trace is built from the question's row (the same object the journal keeps) with its real
 timestamps: the question starts at the wall-clock time it was asked (`QuestionRow.started_ns`),
 each LLM call at the time it was made (`started_at` of its usage), nodes and hops last as long as
-the pipeline measured. A `TraceWriter` process receives the rows as each question finishes and
-writes whatever is waiting through MLflow's public tracing API (`MlflowClient.start_trace`,
-`start_span`, `end_span`, `end_trace` with each span's real start and end times; then
-`mlflow.log_assessment`; then `link_traces_to_run`), so answering never waits on the store; at
-the end it sends back the traces it wrote, and the harness searches the store only for the rest.
+the pipeline measured. A `TraceWriter` process (spawned: it inherits no connection of the
+harness) receives the rows as each question finishes and writes whatever is waiting, so
+answering never waits on the store.
+
+How a trace is written, in as few store transactions as MLflow's public API allows:
+- the root span is an OpenTelemetry span started with the question's real start time on the
+  tracer provider MLflow shares (`MLFLOW_USE_DEFAULT_TRACER_PROVIDER=false`, MLflow's documented
+  mode for mixing the OpenTelemetry SDK with its own), made current with OpenTelemetry's
+  `use_span`; every other span is `mlflow.start_span_no_context(parent_span=..., start_time_ns=...)`
+  and each span ends with its real end time, so no child starts before its root;
+- the scores are logged with `mlflow.log_assessment` while the root is current: MLflow keeps them
+  with the trace in memory and they go to the store inside its one `start_trace`, not one
+  transaction each;
+- spans are exported asynchronously (`MLFLOW_ENABLE_ASYNC_TRACE_LOGGING`, one export thread) in
+  batches of many traces, and the writer waits (`flush_trace_async_logging`) once per batch, never
+  per trace, and before either export queue could fill (MLflow drops exports past it);
+- a SQLite store is in WAL mode and the writer keeps pooled connections.
+Measured on a SQLite file: about 2 commits a trace (its `start_trace` and the experiment read
+inside it; the spans of a whole batch share one). `count_back` reads back what the store holds
+(one trace per case, its spans and its assessments) against what was sent; the harness writes any
+shortfall again and fails the run on what it cannot repair.
+
 MLflow makes the trace ids; a trace is found by its run and its `caprag.case` tag (`find_trace`).
-Writing a trace again (a resumed run) deletes the earlier one of the case first.
+Writing a trace again (a repair, a resumed run) deletes the earlier one of the case first.
 
 What a trace holds, so MLflow's trace list can filter and compare questions:
 - tags: case, question id, set, query type, turn, status and strategy (`caprag.*`), e.g.
@@ -17,8 +34,7 @@ What a trace holds, so MLflow's trace list can filter and compare questions:
 - assessments: each of the row's scores (`values`: recall@k, all-gold, MRR, F1, correct
   refusal...) as a Feedback from CODE named after the metric, each metric the row could not
   compute as a Feedback carrying its reason as error, and the gold answer and passages as
-  Expectations (`feedback.recall_at_k < 1` filters), one `log_assessment` call each (MLflow has no
-  public batch call for assessments of a written trace: ~17 calls a trace, in the writer process);
+  Expectations (`feedback.recall_at_k < 1` filters);
 - content: a hop span's outputs are its documents in MLflow's retriever format (passage text where
   the row kept it: see `row.PASSAGE_CHARS`), an LLM call's span has its messages and reply in
   the OpenAI chat format (inputs `messages`, outputs `choices`) and `mlflow.chat.messages`;
@@ -30,13 +46,15 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import math
 import multiprocessing
 import os
 import queue
 import sys
+import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -54,17 +72,30 @@ from mlflow.entities import (
     SpanStatusCode,
     SpanType,
 )
-from mlflow.tracing.constant import AssessmentMetadataKey, SpanAttributeKey
+from mlflow.tracing.constant import AssessmentMetadataKey, SpanAttributeKey, TraceMetadataKey
+from opentelemetry import trace as otel
+from tqdm import tqdm
 
 from caprag.schemas import CallUsage, RetrievedRef
+from experiments.results import tracking
 from experiments.results.row import QuestionRow
 
-# The writer is a fork of the harness: with no pooled SQL connections (a documented MLflow
-# setting), it inherits none that its parent goes on using. Costs a connect per store session.
-os.environ.setdefault("MLFLOW_SQLALCHEMYSTORE_POOLCLASS", "NullPool")
-# Traces are exported as each ends, in the writer: MLflow's background export threads contend
-# for a SQLite store's lock and lose traces ("database is locked": 2 of 150 seen).
-os.environ.setdefault("MLFLOW_ENABLE_ASYNC_TRACE_LOGGING", "false")
+# How MLflow exports traces, in this process and the writer's (each is read when first used).
+# Pooled SQL connections (the writer is spawned, so it inherits none of the harness's).
+_WRITER_SETTINGS = {
+    # The root span comes from the OpenTelemetry SDK with its real start time: MLflow then uses the
+    # global tracer provider, its documented mode for OpenTelemetry spans in MLflow traces.
+    "MLFLOW_USE_DEFAULT_TRACER_PROVIDER": "false",
+    # Spans and traces go to the store from one export thread, in batches of many traces (one
+    # thread: SQLite takes one writer at a time, and parallel ones lose traces to its lock).
+    "MLFLOW_ENABLE_ASYNC_TRACE_LOGGING": "true",
+    "MLFLOW_ASYNC_TRACE_LOGGING_MAX_WORKERS": "1",
+    "MLFLOW_ASYNC_TRACE_LOGGING_MAX_SPAN_BATCH_SIZE": "4096",
+    "MLFLOW_ASYNC_TRACE_LOGGING_MAX_INTERVAL_MILLIS": "500",
+    "MLFLOW_ASYNC_TRACE_LOGGING_MAX_QUEUE_SIZE": "10000",
+}
+for _key, _value in _WRITER_SETTINGS.items():
+    os.environ.setdefault(_key, _value)
 
 CASE_TAG = "caprag.case"
 """Trace tag naming the case (repeat:question id) a trace belongs to."""
@@ -72,16 +103,16 @@ SCORER = AssessmentSource(source_type=AssessmentSourceType.CODE, source_id="capr
 """Who made a trace's assessments: the evaluator's code (a rewrite replaces only these)."""
 CHAT_MESSAGES = "mlflow.chat.messages"
 """Span attribute the MLflow UI reads a chat span's conversation from (messages, then reply)."""
-BATCH = 64
-"""Traces the writer takes in one batch at most (it writes whatever is waiting, up to this)."""
+BATCH = 128
+"""Traces the writer takes in one batch at most (it writes whatever is waiting, up to this), and
+so the most it has in MLflow's export queues before it waits for them: 128 traces of ~8 spans
+stay well inside the span queue (4,096) and the task queue (10,000), which drop when full."""
 LINGER_S = 0.1
 """Seconds the writer gathers rows after the first of a batch (one search for earlier traces and
 one link call per batch). The end of a run does not wait for it: told to flush or stop, the writer
 writes what it has at once."""
 FLUSH = "flush"
 """Tells the writer to write what it has at once and send the list of what it wrote."""
-LINKS_PER_CALL = 100
-"""MLflow links at most 100 traces to a run per call."""
 HOP_ATTRIBUTES = (
     "new_documents",
     "duplicate_documents",
@@ -492,93 +523,124 @@ def _failed(trace: _Trace, timeline: _Timeline, start: int, total_ns: int) -> _T
     return trace
 
 
-def _emit(client: mlflow.MlflowClient, trace: _Trace) -> str:
-    """Write one planned trace through MLflow's span API, each span with its own start and end
-    time (children end before their parents); returns the trace's id."""
+def _emit(trace: _Trace) -> str:
+    """Start one planned trace and end it, each span at its own real start and end time (children
+    end before their parents) and its assessments logged while its root is current (so they go
+    to the store with the trace); returns the trace's id. The export itself is asynchronous."""
     root, *children = trace.spans
-    live = {
-        root.key: client.start_trace(
-            root.name,
-            span_type=root.kind,
-            inputs=root.inputs,
-            attributes=root.attributes,
-            tags=trace.tags,
-            experiment_id=trace.target.experiment_id,
-            start_time_ns=root.start_ns,
-            run_id=trace.target.run_id,
+    first = otel.get_tracer(__name__).start_span(root.name, start_time=root.start_ns)
+    with otel.use_span(first, end_on_exit=False):
+        live_root = mlflow.get_current_active_span()
+        if live_root is None:
+            first.end(end_time=root.end_ns)
+            raise RuntimeError("MLflow did not record the trace's root span (is tracing enabled?)")
+        live_root.set_span_type(root.kind)
+        live_root.set_inputs(root.inputs)
+        live_root.set_attributes(root.attributes)
+        mlflow.update_current_trace(
+            tags=trace.tags, metadata={TraceMetadataKey.SOURCE_RUN: trace.target.run_id}
         )
-    }
-    trace_id = live[root.key].trace_id
-    for span in children:
-        assert span.parent is not None
-        live[span.key] = client.start_span(
-            span.name,
-            trace_id=trace_id,
-            parent_id=live[span.parent].span_id,
-            span_type=span.kind,
-            inputs=span.inputs,
-            attributes=span.attributes,
-            start_time_ns=span.start_ns,
-        )
-    for span in reversed(children):
-        if span.error:
-            live[span.key].add_event(_exception(span.error, span.end_ns))
-        client.end_span(
-            trace_id,
-            live[span.key].span_id,
-            outputs=span.outputs,
-            status=_status(span.error),
-            end_time_ns=span.end_ns,
-        )
-    if root.error:
-        live[root.key].add_event(_exception(root.error, root.end_ns))
-    client.end_trace(
-        trace_id,
-        outputs=root.outputs,
-        status=_status(root.error),
-        end_time_ns=root.end_ns,
-    )
-    return trace_id
+        live = {root.key: live_root}
+        for span in children:
+            assert span.parent is not None
+            live[span.key] = mlflow.start_span_no_context(
+                span.name,
+                span_type=span.kind,
+                parent_span=live[span.parent],
+                inputs=span.inputs,
+                attributes=span.attributes,
+                start_time_ns=span.start_ns,
+            )
+        for span in reversed(children):
+            if span.error:
+                live[span.key].add_event(_exception(span.error, span.end_ns))
+            live[span.key].end(
+                outputs=span.outputs, status=_status(span.error), end_time_ns=span.end_ns
+            )
+        for assessment in trace.assessments():
+            mlflow.log_assessment(live_root.trace_id, assessment)
+        if root.error:
+            live_root.add_event(_exception(root.error, root.end_ns))
+        live_root.end(outputs=root.outputs, status=_status(root.error), end_time_ns=root.end_ns)
+    return live_root.trace_id
 
 
 def _status(error: str) -> SpanStatus:
     return SpanStatus(SpanStatusCode.ERROR, error) if error else SpanStatus(SpanStatusCode.OK)
 
 
-def write_traces(rows: Sequence[QuestionRow], target: Target) -> list[str]:
-    """Write the traces of rows (answered or failed), replacing any earlier trace of the same
-    case in the run; returns their cases.
+_exporting_to: tuple[str, str] | None = None
+"""The store and experiment this process's tracer provider exports to (MLflow resets the
+provider when either changes)."""
 
-    Spans go through MLflow's tracing API, then the assessments (`mlflow.log_assessment`), then
-    the traces are linked to the run (`link_traces_to_run`)."""
+
+def _export_to(target: Target) -> None:
+    """Point MLflow's tracing at the target's store and experiment (a no-op when it already is)."""
+    global _exporting_to
+    if _exporting_to == (target.uri, target.experiment_id):
+        return
+    if mlflow.get_tracking_uri() != target.uri:
+        mlflow.set_tracking_uri(target.uri)
+    tracking.use_wal(target.uri)
+    mlflow.set_experiment(experiment_id=target.experiment_id)
+    mlflow.tracing.enable()  # the tracer provider now, before the root span asks for it
+    _exporting_to = (target.uri, target.experiment_id)
+
+
+@dataclass(frozen=True)
+class Written:
+    """One trace as the writer sent it: its case, id and how many spans and assessments."""
+
+    run_id: str
+    case: str
+    trace_id: str
+    spans: int
+    assessments: int
+
+
+def write_traces(
+    rows: Sequence[QuestionRow], target: Target, earlier: Mapping[str, Sequence[str]] | None = None
+) -> list[Written]:
+    """Write the traces of rows (answered or failed), replacing any earlier trace of the same
+    case in the run (`earlier`: case -> trace ids, when the caller knows them; else the store is
+    searched); returns what was sent, once MLflow's export queue has written it."""
     planned = [build_trace(row, target) for row in rows]
     if not planned:
         return []
-    if mlflow.get_tracking_uri() != target.uri:
-        mlflow.set_tracking_uri(target.uri)  # where the tracer exports and assessments go
+    _export_to(target)
     client = mlflow.MlflowClient(target.uri)
-    earlier = _trace_ids(target, {case_of(row) for row in rows})
-    if earlier:
-        client.delete_traces(target.experiment_id, trace_ids=earlier)
-    ids = [_emit(client, trace) for trace in planned]
-    mlflow.flush_trace_async_logging()  # the traces are in the store before their assessments
-    for trace, trace_id in zip(planned, ids, strict=True):
-        for assessment in trace.assessments():
-            mlflow.log_assessment(trace_id, assessment)
-    for at in range(0, len(ids), LINKS_PER_CALL):
-        client.link_traces_to_run(ids[at : at + LINKS_PER_CALL], target.run_id)
-    return [case_of(trace.row) for trace in planned]
+    cases = {case_of(row) for row in rows}
+    if earlier is None:
+        old = _trace_ids(target, cases)
+    else:
+        old = [trace_id for case in cases for trace_id in earlier.get(case, ())]
+    if old:
+        client.delete_traces(target.experiment_id, trace_ids=old)
+    sent = [
+        Written(
+            target.run_id,
+            case_of(trace.row),
+            _emit(trace),
+            len(trace.spans),
+            len(trace.assessments()),
+        )
+        for trace in planned
+    ]
+    # Once per batch: the batch is in the store. (No `link_traces_to_run`: the run's id is in
+    # each trace's metadata, which MLflow's run filter and the run's Traces tab read.)
+    mlflow.flush_trace_async_logging()
+    return sent
 
 
-def _run_traces(target: Target) -> Iterator[mlflow.entities.Trace]:
-    """The run's traces (their info only)."""
+def _run_traces(target: Target, *, spans: bool = False) -> Iterator[mlflow.entities.Trace]:
+    """The run's traces (their info only, unless `spans`)."""
     client = mlflow.MlflowClient(target.uri)
     token = None
     while True:
         page = client.search_traces(
             locations=[target.experiment_id],
             run_id=target.run_id,
-            include_spans=False,
+            include_spans=spans,
             max_results=500,
             page_token=token,
         )
@@ -595,13 +657,12 @@ def _trace_ids(target: Target, cases: set[str]) -> list[str]:
 
 def find_trace(target: Target, case: str) -> str | None:
     """The id of the trace a run wrote for a case ('repeat:question id'), if there is one."""
-    found = _trace_ids(target, {case})
-    return found[0] if found else None
+    return trace_ids(target).get(case)
 
 
 def trace_ids(target: Target) -> dict[str, str]:
     """The id of the trace a run wrote for each of its traced cases, read in one pass (the
-    first one, as `find_trace` gives it, when a case has more)."""
+    first one the store lists, when a case has more)."""
     ids: dict[str, str] = {}
     for t in _run_traces(target):
         case = t.info.tags.get(CASE_TAG)
@@ -615,42 +676,116 @@ def traced_cases(target: Target) -> set[str]:
     return set(trace_ids(target))
 
 
+@dataclass
+class CountBack:
+    """What the store holds of a run's traces against what its rows should have."""
+
+    expected: int = 0
+    missing: list[QuestionRow] = field(default_factory=list)
+    """Rows whose case has no trace, or one short of spans or assessments."""
+    reasons: dict[str, int] = field(default_factory=dict)
+    """How many traces fall short, by what: 'no trace', 'spans', 'assessments'."""
+    extra: list[str] = field(default_factory=list)
+    """Ids of second traces of a case (a rewrite whose delete did not land)."""
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing and not self.extra
+
+    def line(self) -> str:
+        """What is missing, in one line."""
+        parts = [f"{count} {reason}" for reason, count in sorted(self.reasons.items())]
+        if self.extra:
+            parts.append(f"{len(self.extra)} duplicate traces")
+        short = len(self.missing)
+        return f"{short} of {self.expected} traces incomplete ({', '.join(parts)})"
+
+
+def count_back(target: Target, rows: Sequence[QuestionRow]) -> CountBack:
+    """Read the run's traces back from the store and compare each case's with what its row
+    makes: one trace, its spans and its assessments."""
+    stored: dict[str, list[mlflow.entities.Trace]] = {}
+    for t in _run_traces(target, spans=True):
+        stored.setdefault(str(t.info.tags.get(CASE_TAG)), []).append(t)
+    result = CountBack(expected=len(rows))
+    for row in rows:
+        plan = build_trace(row, target)
+        found = stored.get(case_of(row), [])
+        complete = [
+            t
+            for t in found
+            if len(t.data.spans) == len(plan.spans)
+            and len(t.info.assessments) == len(plan.assessments())
+        ]
+        if complete:
+            result.extra += [t.info.trace_id for t in found if t is not complete[0]]
+            continue
+        reason = "no trace"
+        if found:
+            reason = "spans" if len(found[0].data.spans) != len(plan.spans) else "assessments"
+        result.reasons[reason] = result.reasons.get(reason, 0) + 1
+        result.missing.append(row)
+    return result
+
+
+def repair(target: Target, rows: Sequence[QuestionRow]) -> CountBack:
+    """Count back the run's traces; write again each case that falls short (and drop second
+    traces of a case), then count again: what is still short is what could not be repaired."""
+    found = count_back(target, rows)
+    if found.complete:
+        return found
+    client = mlflow.MlflowClient(target.uri)
+    if found.extra:
+        client.delete_traces(target.experiment_id, trace_ids=found.extra)
+    if found.missing:
+        _warn(f"{found.line()}: writing them again")
+        with contextlib.suppress(Exception):  # counted again below
+            write_traces(found.missing, target)
+    return count_back(target, rows)
+
+
 def _warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
-def _serve(inbox: Any, replies: tuple[Connection, Connection], parent_pid: int) -> None:
+def _serve(
+    inbox: Any,
+    replies: tuple[Connection, Connection],
+    parent_pid: int,
+    write: Callable[..., list[Written]] | None = None,
+) -> None:
     """The writer process: write whatever rows are waiting as one batch, until told to stop or
-    the harness is gone (then the rows it sent are written and the process ends). Told to flush
-    (a run ended) or to stop, it writes what it has at once and sends the harness the
-    (run id, case) of every trace it wrote since its last such list."""
+    the harness is gone (then the rows it sent are written and the process ends). After each
+    batch it sends the harness what it wrote; told to flush (a run ended) or to stop, it writes
+    what it has at once and then says so. `write` replaces `write_traces` (tests)."""
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
     inherited, sender = replies
     inherited.close()  # the harness's end: if the harness dies, sending fails instead of blocking
-    written: list[tuple[str, str]] = []
     pending: list[tuple[Target, QuestionRow]] = []
+    known: dict[str, dict[str, list[str]]] = {}  # run id -> case -> trace ids in the store
     stop = False
-    report = False
+    flushes = 0
 
     def take(item: Any) -> None:
-        nonlocal stop, report
+        nonlocal stop, flushes
         if item is None:
             stop = True
             return
         if isinstance(item, str):  # FLUSH
-            report = True
+            flushes += 1
             return
         target, rows = item
         pending.extend((target, row) for row in rows)
 
-    def send() -> bool:
-        """Hand the harness the list of traces written; False when the harness is gone."""
+    def send(message: tuple[str, Any]) -> bool:
+        """Tell the harness; False when the harness is gone."""
         try:
-            sender.send(written)
-        except OSError:  # the harness died after asking
+            sender.send(message)
+        except OSError:  # the harness died
             return False
-        written.clear()
         return True
 
+    alive = True
     while not stop:
         try:
             take(inbox.get(timeout=1.0))
@@ -660,76 +795,134 @@ def _serve(inbox: Any, replies: tuple[Connection, Connection], parent_pid: int) 
             continue
         except (EOFError, OSError):
             break
-        # Take what else is waiting and gather for a moment: a transaction's fixed cost is worth
-        # sharing (a flush or stop ends the gathering at once).
+        # Take what else is waiting and gather for a moment: a batch shares its export's fixed
+        # costs (a flush or stop ends the gathering at once).
         deadline = time.monotonic() + LINGER_S
         with contextlib.suppress(queue.Empty):
-            while not (stop or report) and len(pending) < BATCH:
+            while not (stop or flushes) and len(pending) < BATCH:
                 take(inbox.get(timeout=max(0.0, deadline - time.monotonic())))
-        written += _flush(pending)
-        if report and not stop:
-            report = False
-            if not send():
-                return
-    written += _flush(pending)
-    if stop:
-        send()
+        while pending:
+            written = _flush(pending, known, write or write_traces)
+            if alive and written:
+                alive = send(("wrote", written))
+        while flushes and alive:
+            flushes -= 1
+            alive = send(("flushed", None))
+    while pending:
+        written = _flush(pending, known, write or write_traces)
+        if alive and written:
+            alive = send(("wrote", written))
+    if alive:
+        send(("flushed", None))
 
 
-def _flush(pending: list[tuple[Target, QuestionRow]]) -> list[tuple[str, str]]:
-    """Write the pending rows; returns the (run id, case) of the traces written (a failure is
-    reported; the harness writes what is missing)."""
+def _flush(
+    pending: list[tuple[Target, QuestionRow]],
+    known: dict[str, dict[str, list[str]]],
+    write: Callable[..., list[Written]],
+) -> list[Written]:
+    """Write up to a batch of the pending rows (earliest first); returns what was written (a
+    failure is reported: the harness counts back and writes what is missing)."""
+    batch = pending[:BATCH]
+    del pending[:BATCH]
     by_target: dict[Target, list[QuestionRow]] = {}
-    for target, row in pending:
+    for target, row in batch:
         by_target.setdefault(target, []).append(row)
-    pending.clear()
-    written: list[tuple[str, str]] = []
+    written: list[Written] = []
     for target, rows in by_target.items():
         try:
-            written += [(target.run_id, case) for case in write_traces(rows, target)]
-        except Exception as exc:  # the harness checks at the end and writes the missing ones
+            if target.run_id not in known:  # a resumed run's earlier traces: read once
+                _export_to(target)
+                found: dict[str, list[str]] = {}
+                for t in _run_traces(target):
+                    found.setdefault(str(t.info.tags.get(CASE_TAG)), []).append(t.info.trace_id)
+                known[target.run_id] = found
+            ids = known[target.run_id]
+            done = write(rows, target, ids)
+        except Exception as exc:  # the harness counts back at the end and writes what is missing
             _warn(f"the trace writer could not write {len(rows)} traces: {exc!r}")
+            known.pop(target.run_id, None)  # what the store holds is unknown now: read it again
+            continue
+        for item in done:
+            ids[item.case] = [item.trace_id]
+        written += done
     return written
 
 
 class TraceWriter:
     """Writes each question's trace in a separate process as the question finishes.
 
-    The process is forked before the run's journal is opened (so it never holds the journal's
-    lock) and gets rows through a queue; `close` waits for its list of the traces it wrote,
-    then writes in this process, with a warning, any trace it did not write. Killed with the
-    harness, it writes the rows it was sent and ends; the resumed run writes the rest. A writer
-    that dies mid-run is sent nothing more; `close` writes its traces.
+    The process is spawned (it inherits no connection, lock or thread of the harness; it is
+    started before the run's journal is opened) and gets rows through a queue; a thread here
+    takes its reports as they come, so `close` can show the export's progress and knows which
+    traces were written. `close` then counts back what the store holds and writes any shortfall
+    in this process. Killed with the harness, the writer writes the rows it was sent and ends;
+    the resumed run writes the rest. A writer that dies mid-run is sent nothing more.
 
     A writer made with `keep=True` outlives `close`: the next run of the same harness process
-    uses it again (see `shared`), so a sweep forks it once and its later runs pay no fork (and
-    none of the copy-on-write page faults a fork of the whole harness costs its parent).
+    uses it again (see `shared`), so a sweep starts it once.
     """
 
-    def __init__(self, close_timeout_s: float = 600.0, *, keep: bool = False) -> None:
+    def __init__(
+        self,
+        close_timeout_s: float = 600.0,
+        *,
+        keep: bool = False,
+        write: Callable[..., list[Written]] | None = None,
+    ) -> None:
         self.close_timeout_s = close_timeout_s
         self.keep = keep
+        self.progress = True
+        """Whether `close` draws a progress bar while it waits for the export."""
         self.target: Target | None = None
         self._stopped = False
         self._finishing = False
         self._written: set[tuple[str, str]] = set()
+        self._sent: dict[str, int] = {}  # run id -> rows submitted
+        self._done: dict[str, int] = {}  # run id -> traces the writer reported
+        self._flushed = 0
+        self._asked = 0
+        self._gone = False
+        self._changed = threading.Condition()
         self._owner = os.getpid()
-        context = multiprocessing.get_context("fork")
+        context = multiprocessing.get_context("spawn")
         self._inbox = context.Queue()
         self._replies, sender = context.Pipe(duplex=False)
         self._process = context.Process(
             target=_serve,
-            args=(self._inbox, (self._replies, sender), os.getpid()),
+            args=(self._inbox, (self._replies, sender), os.getpid(), write),
             name="caprag-traces",
             daemon=True,
         )
-        self._process.start()
+        with _main_not_imported():
+            self._process.start()
         sender.close()  # the writer's end: when it ends, reading here ends too
+        self._reader = threading.Thread(target=self._read, name="caprag-trace-reports", daemon=True)
+        self._reader.start()
 
     @property
     def pid(self) -> int:
         """The writer process's id."""
         return self._process.pid or 0
+
+    def _read(self) -> None:
+        """Take the writer's reports as they come (until its end of the pipe closes)."""
+        while True:
+            try:
+                kind, payload = self._replies.recv()
+            except (EOFError, OSError):
+                with self._changed:
+                    self._gone = True
+                    self._changed.notify_all()
+                return
+            with self._changed:
+                if kind == "wrote":
+                    for item in payload:
+                        self._written.add((item.run_id, item.case))
+                        self._done[item.run_id] = self._done.get(item.run_id, 0) + 1
+                else:
+                    self._flushed += 1
+                self._changed.notify_all()
 
     def bind(self, target: Target) -> None:
         """The run the following rows belong to."""
@@ -740,45 +933,56 @@ class TraceWriter:
         a writer that died: `close` writes those traces)."""
         if rows and self.target is not None and self._alive():
             self._inbox.put((self.target, list(rows)))
+            run_id = self.target.run_id
+            self._sent[run_id] = self._sent.get(run_id, 0) + len(rows)
 
     def _alive(self) -> bool:
         """Whether the writer still runs (only the process that started it can tell; any other
         queues its rows regardless)."""
         return not self._stopped and (os.getpid() != self._owner or self._process.is_alive())
 
-    def close(self, rows: Sequence[QuestionRow] = ()) -> int:
+    def close(self, rows: Sequence[QuestionRow] = ()) -> CountBack:
         """Wait until the writer wrote everything sent so far (a kept writer then waits for the
-        next run; any other ends), then make sure every row in `rows` (answered or failed) has
-        its trace; returns how many of them do. Only rows the writer did not report (a resumed run's
-        earlier ones, a failing writer's) are looked up in the store."""
+        next run; any other ends), showing the export's progress; then count back the run's
+        traces against `rows` and write again what falls short. Returns the count back (what
+        could not be repaired is in it)."""
         if self.keep and not self._stopped:
             self.finish()
-            if not self._collect():
+            if not self._wait_flushed():
                 self.stop()  # it is gone: reap it and say how it ended
             self._finishing = False
         else:
             self.stop()
         if self.target is None or not rows:
-            return 0
-        run_id = self.target.run_id
-        unconfirmed = [row for row in rows if (run_id, case_of(row)) not in self._written]
-        if unconfirmed:
-            done = traced_cases(self.target)
-            missing = [row for row in unconfirmed if case_of(row) not in done]
-            if missing:
-                _warn(
-                    f"{len(missing)} traces were not written by the trace writer: writing them now"
-                )
-                write_traces(missing, self.target)
-        return len(rows)
+            return CountBack()
+        return repair(self.target, rows)
 
-    def _collect(self) -> bool:
-        """Take the writer's next list of written traces; False when it ended without one."""
-        with contextlib.suppress(EOFError, OSError):
-            if self._replies.poll(self.close_timeout_s):
-                self._written.update(self._replies.recv())
-                return True
-        return False
+    def _wait_flushed(self) -> bool:
+        """Wait for the writer to say it wrote everything asked so far (a bar shows its
+        progress); False when it ended first or the hang guard ran out."""
+        run_id = self.target.run_id if self.target is not None else ""
+        total = self._sent.get(run_id, 0)
+        done = min(total, self._done.get(run_id, 0))
+        bar = tqdm(
+            total=total,
+            initial=done,
+            unit="trace",
+            desc="traces",
+            disable=not self.progress or done >= total,
+            file=sys.stderr,
+        )
+        deadline = time.monotonic() + self.close_timeout_s
+        try:
+            with self._changed:
+                while self._flushed < self._asked and not self._gone:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self._changed.wait(min(left, 1.0))
+                    bar.update(min(total, self._done.get(run_id, 0)) - bar.n)
+                return self._flushed >= self._asked
+        finally:
+            bar.close()
 
     def finish(self) -> None:
         """Tell the writer no more rows come for now: it writes what it has at once (and ends,
@@ -786,6 +990,8 @@ class TraceWriter:
         if self._finishing or self._stopped:
             return
         self._finishing = True
+        with self._changed:
+            self._asked += 1
         if self.keep:
             self._inbox.put(FLUSH)
         else:
@@ -793,21 +999,19 @@ class TraceWriter:
             self._inbox.close()
 
     def stop(self) -> None:
-        """Let the writer finish what it was sent, take its lists of written traces and wait for
-        it to end (a no-op once stopped)."""
+        """Let the writer finish what it was sent, take its reports and wait for it to end (a
+        no-op once stopped)."""
         if self._stopped:
             return
         self._stopped = True
         if self.keep or not self._finishing:
             self._finishing = True
+            with self._changed:
+                self._asked += 1
             with contextlib.suppress(ValueError, OSError):  # its queue is already closed
                 self._inbox.put(None)
             self._inbox.close()
         deadline = time.monotonic() + self.close_timeout_s
-        while self._collect():  # a kept writer may owe the list of a flush besides its last
-            if time.monotonic() > deadline:
-                break
-        self._replies.close()
         self._process.join(max(0.0, deadline - time.monotonic()))
         if self._process.is_alive():
             self._process.terminate()
@@ -815,8 +1019,32 @@ class TraceWriter:
             _warn(f"the trace writer did not finish within {self.close_timeout_s:g} s")
         elif self._process.exitcode:
             _warn(f"the trace writer ended with exit code {self._process.exitcode}")
+        self._reader.join(10)
+        self._replies.close()
         # Rows still queued for a writer that is gone must not hold this process at exit.
         self._inbox.cancel_join_thread()
+
+    def written(self, run_id: str) -> int:
+        """How many traces of a run the writer reported written."""
+        return self._done.get(run_id, 0)
+
+
+@contextlib.contextmanager
+def _main_not_imported() -> Iterator[None]:
+    """Start the writer without `__main__`: a spawned process would import the main module
+    again, and a script that calls run(cfg) without an `if __name__ == "__main__":` guard would
+    start a second run there. The writer needs nothing from it."""
+    main = sys.modules["__main__"]
+    saved: dict[str, Any] = {
+        key: main.__dict__[key] for key in ("__spec__", "__file__") if key in main.__dict__
+    }
+    main.__dict__["__spec__"] = None
+    main.__dict__.pop("__file__", None)
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
 
 
 _shared: TraceWriter | None = None
@@ -824,7 +1052,7 @@ _shared: TraceWriter | None = None
 
 def shared() -> TraceWriter:
     """This harness process's kept writer: started at its first traced run (`run` starts it
-    before it builds anything, so the fork copies as little as possible), used again by every
+    before it builds anything, so it imports MLflow while the run builds), used again by every
     later run while it lives, stopped when the process exits."""
     global _shared
     if _shared is None or not _shared._alive():

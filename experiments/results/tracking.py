@@ -127,6 +127,26 @@ def tracking_uri(configured: str | None = None) -> str:
     return configured or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
 
 
+_in_wal: set[str] = set()
+
+
+def use_wal(uri: str) -> None:
+    """Put a SQLite store in WAL mode (a setting of the database file, kept by it): a commit then
+    appends to the log instead of rewriting pages under a rollback journal, and readers (the
+    dashboard, the harness's count-back) do not block the trace writer. Once per process and
+    store; any other store is left as it is."""
+    if not uri.startswith("sqlite:///") or uri in _in_wal:
+        return
+    path = Path(uri.removeprefix("sqlite:///"))
+    if str(path) == ":memory:" or not path.parent.is_dir():
+        return
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(path, timeout=30)) as db:
+        db.execute("PRAGMA journal_mode=WAL")
+    _in_wal.add(uri)
+
+
 def artifact_root(uri: str) -> str | None:
     """Artifacts beside a local SQLite store (not under whatever the current folder is)."""
     if uri.startswith("sqlite:///"):
@@ -299,6 +319,21 @@ def log_config(config: Mapping[str, Any]) -> None:
     for start_at in range(0, len(items), 100):
         mlflow.log_params({k[:250]: v[:6000] for k, v in items[start_at : start_at + 100]})
     mlflow.log_dict(dict(config), "config.json")
+
+
+TRACES_MISSING = "caprag.traces_missing"
+"""Run tag: what the count-back found missing of the run's traces and could not write again."""
+
+
+def tag_traces_missing(missing: str) -> None:
+    """Tag the active run with what its traces lack, or clear an earlier attempt's tag."""
+    run = mlflow.active_run()
+    if run is None:
+        return
+    if missing:
+        mlflow.set_tag(TRACES_MISSING, missing)
+    elif TRACES_MISSING in run.data.tags:
+        mlflow.MlflowClient().delete_tag(run.info.run_id, TRACES_MISSING)
 
 
 def log_results(

@@ -97,8 +97,9 @@ def test_a_failed_question_has_an_error_trace_and_a_rewrite_adds_no_duplicates(
     rows = [make_row(0, time.time_ns()), failed_row(1)]
     rows[0].values = {"recall_at_k": 1.0, "f1": 0.5}
     rows[0].missing = {"correct_refusal": "question is answerable"}
-    assert traces.write_traces(rows, target) == ["0:q0", "0:f1"]
-    assert traces.write_traces(rows, target) == ["0:q0", "0:f1"]  # a resumed run writes again
+    assert [w.case for w in traces.write_traces(rows, target)] == ["0:q0", "0:f1"]
+    again = traces.write_traces(rows, target)  # a resumed run writes again
+    assert [w.case for w in again] == ["0:q0", "0:f1"]
 
     (failed,) = search(target.uri, target.experiment_id, "tags.`caprag.status` = 'failed'")
     assert failed.info.state.value == "ERROR"

@@ -9,9 +9,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import mlflow
 import pytest
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
 
 from caprag.config import PROJECT_ROOT
 from experiments.harness.run import run
@@ -106,27 +109,91 @@ def test_a_run_s_traces_carry_each_question_s_real_times(tmp_path: Path) -> None
     assert all(b[0] >= a[1] - MS for a, b in itertools.pairwise(starts))
 
 
+# The writer is a spawned process: what it should do differently in a test is a module-level
+# function it imports by name (`TraceWriter(write=...)`), told where to report by environment.
+
+
+def recording_write(
+    rows: list[QuestionRow], target: traces.Target, earlier: Any = None
+) -> list[traces.Written]:
+    """Write, after noting the order rows came in (the writer process appends to the file)."""
+    with Path(os.environ["CAPRAG_TEST_ORDER"]).open("a") as handle:
+        handle.writelines(f"{row.question_id}\n" for row in rows)
+    return traces.write_traces(rows, target, earlier)
+
+
+def failing_write(
+    rows: list[QuestionRow], target: traces.Target, earlier: Any = None
+) -> list[traces.Written]:
+    raise OSError("disk full")
+
+
+def dying_write(
+    rows: list[QuestionRow], target: traces.Target, earlier: Any = None
+) -> list[traces.Written]:
+    os._exit(3)
+
+
+def even_only_write(
+    rows: list[QuestionRow], target: traces.Target, earlier: Any = None
+) -> list[traces.Written]:
+    """Write the traces of even-numbered questions only, yet report every row written."""
+    written = traces.write_traces(
+        [row for row in rows if int(row.question_id[1:]) % 2 == 0], target, earlier
+    )
+    return written + [
+        traces.Written(target.run_id, traces.case_of(row), "lost", 0, 0)
+        for row in rows
+        if int(row.question_id[1:]) % 2
+    ]
+
+
+_commits = [0]
+
+
+def _count_commit(_connection: Any) -> None:
+    _commits[0] += 1
+
+
+def counting_write(
+    rows: list[QuestionRow], target: traces.Target, earlier: Any = None
+) -> list[traces.Written]:
+    """Write, counting every commit of every SQLAlchemy engine in the writer process (SQLAlchemy's
+    public event API: reads, deletes and tags count too), and append `traces commits` to a file."""
+    if not event.contains(Engine, "commit", _count_commit):
+        event.listen(Engine, "commit", _count_commit)
+    before = _commits[0]
+    written = traces.write_traces(rows, target, earlier)
+    with Path(os.environ["CAPRAG_TEST_COMMITS"]).open("a") as handle:
+        handle.write(f"{len(written)} {_commits[0] - before}\n")
+    return written
+
+
+def scored_row(number: int, started_ns: int) -> QuestionRow:
+    """A row of today's shape: 8 spans and 34 assessments (30 scores, 2 metrics it could not
+    compute, the gold answer and the gold passages)."""
+    row = make_row(number, started_ns)
+    row.values = {f"metric_{m:02d}": m / 30 for m in range(30)}
+    row.missing = {"faithfulness": "no judge", "answer_relevancy": "no judge"}
+    row.gold_ids = ["core/p1", "core/p2"]
+    return row
+
+
 @pytest.mark.slow
 def test_the_writer_writes_traces_in_the_order_questions_finish(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     order = tmp_path / "order.txt"
-    real = traces.write_traces
-
-    def recording(rows: list[QuestionRow], target: traces.Target) -> list[str]:
-        with order.open("a") as handle:  # the writer process appends here
-            handle.writelines(f"{row.question_id}\n" for row in rows)
-        return real(rows, target)
-
-    monkeypatch.setattr(traces, "write_traces", recording)
+    monkeypatch.setenv("CAPRAG_TEST_ORDER", str(order))
     target = make_target(tmp_path)
     now = time.time_ns()
     rows = [make_row(n, now + n * 50 * MS) for n in range(12)]
-    writer = traces.TraceWriter()
+    writer = traces.TraceWriter(write=recording_write)
     writer.bind(target)
     for at in range(0, 12, 3):
         writer.submit(rows[at : at + 3])
-    assert writer.close(rows) == 12
+    counted = writer.close(rows)
+    assert counted.complete and counted.expected == 12
     assert order.read_text().split() == [row.question_id for row in rows]
     found = search(target)
     assert sorted(t.info.tags[traces.CASE_TAG] for t in found) == sorted(
@@ -142,33 +209,50 @@ def test_the_writer_writes_traces_in_the_order_questions_finish(
 
 
 @pytest.mark.slow
+def test_the_writer_commits_at_most_three_times_a_trace_with_every_span_and_assessment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    commits = tmp_path / "commits.txt"
+    monkeypatch.setenv("CAPRAG_TEST_COMMITS", str(commits))
+    target = make_target(tmp_path)
+    now = time.time_ns()
+    rows = [scored_row(n, now + n * MS) for n in range(60)]
+    writer = traces.TraceWriter(write=counting_write)
+    writer.bind(target)
+    for at in range(0, len(rows), 6):
+        writer.submit(rows[at : at + 6])
+    assert writer.close(rows).complete
+    batches = [tuple(map(int, line.split())) for line in commits.read_text().splitlines()]
+    written = sum(n for n, _ in batches)
+    assert written == len(rows)
+    assert sum(c for _, c in batches) <= 3 * written, batches
+    found = search(target)
+    assert len(found) == len(rows)
+    for trace in found:
+        assert len(trace.data.spans) == 8
+        assert len(trace.info.assessments) == 34
+        root = next(s for s in trace.data.spans if s.parent_id is None)
+        assert all(root.start_time_ns <= s.start_time_ns for s in trace.data.spans)
+        assert trace.info.trace_metadata["mlflow.sourceRun"] == target.run_id
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["raises", "dies"])
 def test_a_failing_writer_is_reported_and_its_traces_written_at_close(
-    how: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+    how: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    parent = os.getpid()
-    real = traces.write_traces
-
-    def failing(rows: list[QuestionRow], target: traces.Target) -> list[str]:
-        if os.getpid() != parent:  # only in the writer process
-            if how == "dies":
-                os._exit(3)
-            raise OSError("disk full")
-        return real(rows, target)
-
-    monkeypatch.setattr(traces, "write_traces", failing)
     target = make_target(tmp_path)
     rows = [make_row(n, time.time_ns()) for n in range(4)]
-    writer = traces.TraceWriter()
+    writer = traces.TraceWriter(write=failing_write if how == "raises" else dying_write)
     writer.bind(target)
     writer.submit(rows)
-    assert writer.close(rows) == 4
+    assert writer.close(rows).complete
     err = capfd.readouterr().err
     if how == "raises":
         assert "the trace writer could not write 4 traces: OSError('disk full')" in err
     else:
         assert "the trace writer ended with exit code 3" in err
-    assert "4 traces were not written by the trace writer: writing them now" in err
+    assert "4 of 4 traces incomplete (4 no trace): writing them again" in err
     cases = [t.info.tags[traces.CASE_TAG] for t in search(target)]
     assert sorted(cases) == ["0:q0", "0:q1", "0:q2", "0:q3"]
 
@@ -192,71 +276,60 @@ def test_a_file_store_gets_whole_traces(tmp_path: Path, monkeypatch: pytest.Monk
     writer = traces.TraceWriter()
     writer.bind(target)
     writer.submit(rows)
-    assert writer.close(rows) == 2
+    assert writer.close(rows).complete
     found = search(target)
     assert sorted(t.info.tags[traces.CASE_TAG] for t in found) == ["0:q0", "0:q1"]
     assert {s.name for s in found[0].data.spans} >= {"rewrite", "hop 2", "llm generate"}
 
 
 @pytest.mark.slow
-def test_close_looks_up_only_the_traces_the_writer_did_not_report(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_the_count_back_finds_what_the_store_lacks_and_writes_only_that_again(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    lookups: list[traces.Target] = []
-    real = traces.traced_cases
-
-    def counting(target: traces.Target) -> set[str]:
-        lookups.append(target)  # only this process looks up; the writer reports what it wrote
-        return real(target)
-
-    monkeypatch.setattr(traces, "traced_cases", counting)
     target = make_target(tmp_path)
-    rows = [make_row(n, time.time_ns()) for n in range(5)]
-    writer = traces.TraceWriter()
+    rows = [scored_row(n, time.time_ns()) for n in range(6)]
+    writer = traces.TraceWriter(write=even_only_write)  # q1, q3, q5 reported but never sent
     writer.bind(target)
     writer.submit(rows)
-    assert writer.close(rows) == 5
-    assert lookups == []  # every trace reported written: no search at the end
-
-    # A resumed run: two traces were written by the killed process, three are new.
-    again = traces.TraceWriter()
-    again.bind(target)
-    more = [make_row(n, time.time_ns()) for n in range(5, 8)]
-    again.submit(more)
-    assert again.close(rows[:2] + more) == 5
-    assert lookups == [target]  # the two it did not write are looked up, and found
-    cases = sorted(t.info.tags[traces.CASE_TAG] for t in search(target))
-    assert cases == [f"0:q{n}" for n in range(8)]
+    writer.finish()
+    writer.stop()
+    before = traces.trace_ids(target)
+    assert sorted(before) == ["0:q0", "0:q2", "0:q4"]
+    # q2's trace loses its assessments' worth: a shorter trace of the same case replaces it.
+    short = scored_row(2, time.time_ns())
+    short.values, short.missing, short.gold_ids = {}, {}, []
+    traces.write_traces([short], target)
+    before = traces.trace_ids(target)
+    counted = traces.count_back(target, rows)
+    assert counted.reasons == {"no trace": 3, "assessments": 1}
+    assert counted.line() == "4 of 6 traces incomplete (1 assessments, 3 no trace)"
+    assert traces.repair(target, rows).complete
+    after = traces.trace_ids(target)
+    assert sorted(after) == [f"0:q{n}" for n in range(6)]
+    assert after["0:q0"] == before["0:q0"] and after["0:q4"] == before["0:q4"]  # kept
+    assert after["0:q2"] != before["0:q2"]  # written again
+    assert "4 of 6 traces incomplete" in capfd.readouterr().err
 
 
 WRITER_DIES_WITH_ROWS_QUEUED = """
-import os, sys, time
+import sys, time
 ROWS = 12
-from caprag.config import PROJECT_ROOT
 from experiments.results import traces
-from tests.integration.test_traces import make_row, make_target
+from tests.integration.test_traces import dying_write, make_row, make_target
 from pathlib import Path
 
-parent = os.getpid()
-real = traces.write_traces
-
-def dies(rows, target):
-    if os.getpid() != parent:
-        os._exit(3)  # the writer dies at its first write
-    return real(rows, target)
-
-traces.write_traces = dies
 target = make_target(Path(sys.argv[1]))
 rows = []
 for n in range(ROWS):
     row = make_row(n, time.time_ns())
     row.answer = "x" * 50_000  # together far more than a pipe holds (64 KiB)
     rows.append(row)
-writer = traces.TraceWriter()
+writer = traces.TraceWriter(write=dying_write)  # the writer dies at its first write
 writer.bind(target)
 for row in rows:
     writer.submit([row])
-print("traces", writer.close(rows), flush=True)
+counted = writer.close(rows)
+print("traces", counted.expected - len(counted.missing), flush=True)
 """
 
 
@@ -274,7 +347,7 @@ def test_a_writer_that_dies_mid_run_with_rows_queued_does_not_hold_the_harness(
     assert done.returncode == 0, done.stderr
     assert "traces 12" in done.stdout
     assert "the trace writer ended with exit code 3" in done.stderr
-    assert "traces were not written by the trace writer: writing them now" in done.stderr
+    assert "12 of 12 traces incomplete (12 no trace): writing them again" in done.stderr
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
     experiment = mlflow.MlflowClient(uri).get_experiment_by_name("traces")
     assert experiment is not None
@@ -293,9 +366,10 @@ def test_a_kept_writer_serves_run_after_run_and_reports_each_run_s_traces(
             writer.bind(target)
             rows = [make_row(n, time.time_ns()) for n in range(3 + attempt)]
             writer.submit(rows)
-            assert writer.close(rows) == len(rows)
+            counted = writer.close(rows)
+            assert counted.complete and counted.expected == len(rows)
             assert writer._process.is_alive()  # kept for the next run
-            assert {(target.run_id, traces.case_of(r)) for r in rows} <= writer._written
+            assert writer.written(target.run_id) == len(rows)
             assert len(search(target)) == len(rows)
     finally:
         writer.stop()

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import mlflow
 import pytest
@@ -110,29 +111,32 @@ def test_a_provider_error_that_echoes_the_key_does_not_carry_it() -> None:
     assert canary not in str(e.value)
 
 
-KILL_DURING_TRACES = textwrap.dedent(
-    """
-    import os, signal, sys
-    import caprag  # telemetry opt-outs first
+_sent: list[Any] = []
+
+
+def write_four_then_kill_the_harness(rows: Any, target: Any, earlier: Any = None) -> Any:
+    """In the trace writer (spawned by the harness): write the first four traces only; once six or
+    more questions were journaled and sent, kill the harness like kill -9 and end."""
     from experiments.results import traces
 
-    real = traces.write_traces
-    harness = os.getpid()
-    sent = []
+    written = traces.write_traces(rows[: max(0, 4 - len(_sent))], target, earlier)
+    _sent.extend(rows)
+    if len(_sent) >= 6:
+        os.kill(os.getppid(), signal.SIGKILL)
+        os._exit(0)
+    return written
 
-    def write_four_then_kill_the_harness(rows, target):
-        if os.getpid() == harness:
-            return real(rows, target)
-        # In the trace writer: write the first four traces only; once six or more questions
-        # were journaled and sent, kill the harness like kill -9 and end.
-        real(rows[: max(0, 4 - len(sent))], target)
-        sent.extend(rows)
-        if len(sent) >= 6:
-            os.kill(harness, signal.SIGKILL)
-            os._exit(0)
-        return []
 
-    traces.write_traces = write_four_then_kill_the_harness
+KILL_DURING_TRACES = textwrap.dedent(
+    """
+    import sys
+    import caprag  # telemetry opt-outs first
+    from experiments.results import traces
+    from tests.reliability.test_faults import write_four_then_kill_the_harness
+
+    # The harness's kept writer, started with the writing function above (the writer is a
+    # spawned process: it imports the function by name).
+    traces._shared = traces.TraceWriter(keep=True, write=write_four_then_kill_the_harness)
     from experiments.harness.run import main
     sys.argv = ["experiments.run", *sys.argv[1:]]
     main()
@@ -190,7 +194,7 @@ def test_kill_9_while_writing_traces_then_resume_gives_one_trace_per_question(
     resumed = re.search(rf"resuming run {run.info.run_id}: (\d+) of 9", second.stdout)
     assert resumed is not None, second.stdout
     assert int(resumed.group(1)) >= 6  # journaled questions whose trace was not written
-    assert "not written by the trace writer" not in second.stderr  # the writer wrote them
+    assert "traces incomplete" not in second.stderr  # the writer wrote them
     finished = mlflow.get_run(run.info.run_id)
     assert finished.info.status == "FINISHED"
     traces = mlflow.search_traces(
