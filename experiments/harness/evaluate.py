@@ -65,15 +65,23 @@ class Evaluator:
         done: Mapping[str, list[QuestionRow]] | None = None,
         on_case: Callable[[EvalCase, list[QuestionRow]], None] | None = None,
         repeat: int = 0,
+        slots: asyncio.Semaphore | None = None,
+        bar: tqdm[Any] | None = None,
     ) -> list[QuestionRow]:
         """All rows, in dataset order; a failing question becomes a failed row, never a crash.
 
         Cases in `done` (by case id) are not asked again: their rows are used as they are, so a
         resumed run neither loses nor repeats a question. `on_case` sees each case as it ends.
+        `slots` and `bar`: the questions in flight and the progress bar, when several repeats
+        share them (else the evaluator's own concurrency and a bar of its own).
         """
         done = done or {}
-        semaphore = asyncio.Semaphore(max(1, self.concurrency))
-        bar = tqdm(total=dataset.questions, unit="q", desc="questions", disable=not self.progress)
+        semaphore = slots or asyncio.Semaphore(max(1, self.concurrency))
+        own_bar = bar is None
+        if bar is None:
+            bar = tqdm(
+                total=dataset.questions, unit="q", desc="questions", disable=not self.progress
+            )
         bar.update(sum(len(done[c.id]) for c in dataset.cases if c.id in done))
 
         async def one(case: EvalCase) -> list[QuestionRow]:
@@ -92,7 +100,8 @@ class Evaluator:
             results = await asyncio.gather(*(one(case) for case in dataset.cases))
         finally:
             gc.unfreeze()
-            bar.close()
+            if own_bar:
+                bar.close()
         return [row for rows in results for row in rows]
 
     async def run_case(

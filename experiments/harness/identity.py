@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import socket
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -111,6 +113,19 @@ class RunIdentity:
                 "overrides it was started with"
             )
 
+    def parent(self, sweep_id: str) -> str:
+        """The sweep's parent run (taken over from a killed sweep of the same command)."""
+        assert self.experiment_id is not None
+        name = sweep_name(self.cfg, sweep_id, self.dataset.name)
+        return tracking.parent_run(self.experiment_id, sweep_id, name, sweep_key(sweep_id))
+
+    def finished_in_sweep(self, sweep_id: str | None) -> str | None:
+        """The run of this config that a killed earlier attempt of this sweep finished (the
+        sweep run again keeps it as it is), if there is one."""
+        if self.experiment_id is None or not sweep_id or self.resume_id is not None:
+            return None
+        return tracking.finished_child(self.experiment_id, self.parent(sweep_id), self.config_hash)
+
     @contextlib.contextmanager
     def open(
         self,
@@ -128,13 +143,7 @@ class RunIdentity:
                 yield journal, None
             journal.close(remove=True)
             return
-        parent = (
-            tracking.parent_run(
-                self.experiment_id, sweep_id, sweep_name(self.cfg, sweep_id, self.dataset.name)
-            )
-            if sweep_id and self.resume_id is None
-            else None
-        )
+        parent = self.parent(sweep_id) if sweep_id and self.resume_id is None else None
         with tracking.start(name, parent, tags, run_id=self.resume_id) as active:
             run_id = str(active.info.run_id)
             journal = Journal(folder, self.journal_name or run_id).open()
@@ -147,10 +156,10 @@ class RunIdentity:
         journal.close(remove=True)
 
 
-def swept(sweep_dir: str | Path) -> list[str]:
-    """The overrides a Hydra sweep varies (`strategy=single,multi-hop`, `k=range(5,20,5)`), as
-    typed: the sweeper's `params` and the command line's sweep overrides, read from the
-    `multirun.yaml` Hydra saves in the sweep folder before any job starts (empty when absent)."""
+def _sweep_command(sweep_dir: str | Path) -> list[str]:
+    """The overrides a Hydra sweep was started with, as typed: the sweeper's `params` and the
+    command line's, read from the `multirun.yaml` Hydra saves in the sweep folder before any job
+    starts (empty when absent)."""
     saved = Path(sweep_dir) / "multirun.yaml"
     if not saved.is_file():
         return []
@@ -160,7 +169,24 @@ def swept(sweep_dir: str | Path) -> list[str]:
         return []
     params = OmegaConf.select(hydra_cfg, "sweeper.params") or {}
     given = [f"{key}={value}" for key, value in params.items()]
-    given += [str(o) for o in OmegaConf.select(hydra_cfg, "overrides.task") or []]
+    return given + [str(o) for o in OmegaConf.select(hydra_cfg, "overrides.task") or []]
+
+
+def sweep_key(sweep_dir: str | Path) -> str:
+    """What identifies a sweep across attempts: a hash of its command's overrides (empty when
+    the sweep folder has no `multirun.yaml`: then each attempt is a sweep of its own)."""
+    given = _sweep_command(sweep_dir)
+    if not given:
+        return ""
+    return hashlib.sha256(json.dumps(sorted(given)).encode()).hexdigest()[:16]
+
+
+def swept(sweep_dir: str | Path) -> list[str]:
+    """The overrides a Hydra sweep varies (`strategy=single,multi-hop`, `k=range(5,20,5)`), as
+    typed (empty when the sweep folder has no `multirun.yaml`)."""
+    given = _sweep_command(sweep_dir)
+    if not given:
+        return []
     parsed = OverridesParser.create().parse_overrides(given)
     return [
         f"{o.key_or_group}={o.input_line.split('=', 1)[1]}"

@@ -12,6 +12,7 @@ settings are checked, so a typo'd override or `--help` costs about a CPU-second,
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
 import time
 from collections.abc import Sequence
@@ -206,6 +207,9 @@ def _run_logged(
     name, strategy_name = names
     repeats = max(1, int(cfg.experiment.repeats))
     questions = parts.dataset.questions * repeats
+    kept = identity.finished_in_sweep(sweep_id)
+    if kept is not None:
+        return _kept(kept, names, parts.dataset.name, config)
     with (
         traces.writer(writing) as trace_writer,  # forked before the journal: it must not hold it
         workers.pool(cfg, config) as pool,  # started while the MLflow run and journal open
@@ -265,6 +269,26 @@ def _run_logged(
     return result
 
 
+def _kept(run_id: str, names: tuple[str, str], dataset: str, config: dict[str, Any]) -> RunResult:
+    """The result of a run that an earlier attempt of this sweep finished: read back from its
+    table, nothing asked or written again (its traces stay as they are)."""
+    from experiments.results.aggregate import aggregate, summary_metrics
+    from experiments.results.row import rows_of
+    from experiments.results.runs import load_run
+
+    rows = rows_of(load_run(run_id).questions)
+    print(
+        f"run {run_id} of this sweep finished in an earlier attempt: its {len(rows)} questions "
+        "and their traces are kept as they are",
+        flush=True,
+    )
+    name, strategy_name = names
+    aggregates, summary = aggregate(rows), summary_metrics(rows)
+    result = RunResult(name, strategy_name, dataset, rows, aggregates, summary, config=config)
+    result.run_id = run_id
+    return result
+
+
 async def _evaluate_repeats(
     cfg: DictConfig,
     parts: Components,
@@ -275,42 +299,56 @@ async def _evaluate_repeats(
     reuse: RowCache | None = None,
     pool: workers.WorkerPool | None = None,
 ) -> list[QuestionRow]:
-    """Every repeat in one event loop (HTTP clients are bound to the loop that opened them), or
-    over the pool's worker processes (experiment.workers).
+    """Every repeat side by side in one event loop (HTTP clients are bound to the loop that
+    opened them), or over the pool's worker processes (experiment.workers): the questions of all
+    repeats share one pool of `experiment.concurrency` slots, so no slot idles while one repeat
+    ends and the next begins. Rows come back in repeat order, each repeat in dataset order.
 
     Cases the journal has (a resumed run) or the row cache has (an identical earlier run) are not
     asked again. A case that finishes is journaled, offered to the row cache and its traces
     queued for the writer; a reused case's traces are queued too (this run has none yet)."""
+    from tqdm import tqdm
+
     from experiments.harness.build import repeat_evaluator
     from experiments.harness.journal import case_key
 
-    rows: list[QuestionRow] = []
+    def record(repeat: int, case: EvalCase, found: list[QuestionRow]) -> None:
+        journal.append(case_key(repeat, case.id), found)
+        if reuse is not None:
+            reuse.put(repeat, case, found)
+        if trace_writer is not None:
+            trace_writer.submit(found)
+
+    known: dict[int, dict[str, list[QuestionRow]]] = {}
     for repeat in range(repeats):
-
-        def record(case: EvalCase, found: list[QuestionRow], r: int = repeat) -> None:
-            journal.append(case_key(r, case.id), found)
-            if reuse is not None:
-                reuse.put(r, case, found)
-            if trace_writer is not None:
-                trace_writer.submit(found)
-
         prefix = f"{repeat}:"
-        known = {k.removeprefix(prefix): v for k, v in done.items() if k.startswith(prefix)}
+        known[repeat] = {k.removeprefix(prefix): v for k, v in done.items() if k.startswith(prefix)}
         if reuse is not None:
             for case in parts.dataset.cases:
-                found = None if case.id in known else reuse.get(repeat, case)
+                found = None if case.id in known[repeat] else reuse.get(repeat, case)
                 if found is not None:
-                    known[case.id] = found
+                    known[repeat][case.id] = found
                     if trace_writer is not None:
                         trace_writer.submit(found)
-        evaluate = repeat_evaluator(cfg, parts, repeat).run if pool is None else pool.run
-        rows += await evaluate(
-            parts.dataset,
-            done=known,
-            on_case=record,
-            repeat=repeat,
+    if pool is not None:
+        return await pool.run(parts.dataset, done=known, on_case=record, repeats=range(repeats))
+    slots = asyncio.Semaphore(max(1, int(cfg.experiment.concurrency)))
+    total = parts.dataset.questions * repeats
+    with tqdm(total=total, unit="q", desc="questions", disable=not cfg.experiment.progress) as bar:
+        answered = await asyncio.gather(
+            *(
+                repeat_evaluator(cfg, parts, repeat).run(
+                    parts.dataset,
+                    done=known[repeat],
+                    on_case=functools.partial(record, repeat),
+                    repeat=repeat,
+                    slots=slots,
+                    bar=bar,
+                )
+                for repeat in range(repeats)
+            )
         )
-    return rows
+    return [row for rows in answered for row in rows]
 
 
 def _resume_traces(

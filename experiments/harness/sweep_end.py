@@ -30,7 +30,7 @@ class SweepVerdict(Callback):
         import mlflow
 
         from experiments.results.runs import connect, distinct_labels, latest_sweep, load_run
-        from experiments.results.tracking import describe, sweep_parents
+        from experiments.results.tracking import describe, sweep_complete, sweep_parents
         from experiments.scoring.failures import Corpus
         from experiments.scoring.verdict import Contender, verdict_lines
 
@@ -56,6 +56,7 @@ class SweepVerdict(Callback):
                 parents[0],
                 sweep_note(lines, runs, experiment_id, mlflow.get_tracking_uri(), corpus),
             )
+            sweep_complete(parents[0])
             print(
                 "The verdict and each set's worst questions are the description of MLflow run "
                 + parents[0]

@@ -41,7 +41,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing import forkserver
 from multiprocessing.connection import Connection
@@ -163,17 +163,16 @@ class Worker:
     def name(self) -> str:
         return f"worker {self.number + 1} (pid {self.process.pid})"
 
-    def died(self, finished: int, total: int, repeat: int) -> WorkerError:
+    def died(self, finished: int, total: int) -> WorkerError:
         """The error for a worker whose pipe closed while it had questions to answer."""
         self.process.join(10)
         code = self.process.exitcode
         ended = "is not responding" if code is None else f"ended with exit code {code}"
         cause = f": {self.error}" if self.error else _signal_name(code or 0)
-        which = f" of repeat {repeat}" if repeat else ""
         return WorkerError(
-            f"{self.name} {ended}{cause}; the {finished} cases finished so far (of {total}"
-            f"{which}) are kept: run the same command again (experiment.resume=auto) to ask "
-            "only the others"
+            f"{self.name} {ended}{cause}; the {finished} cases finished so far (of {total}) "
+            "are kept: run the same command again (experiment.resume=auto) to ask only the "
+            "others"
         )
 
 
@@ -225,24 +224,39 @@ class WorkerPool:
         self,
         dataset: Dataset,
         *,
-        done: Mapping[str, list[QuestionRow]],
-        on_case: Callable[[EvalCase, list[QuestionRow]], None],
-        repeat: int = 0,
+        done: Mapping[int, Mapping[str, list[QuestionRow]]],
+        on_case: Callable[[int, EvalCase, list[QuestionRow]], None],
+        repeats: Sequence[int] = (0,),
     ) -> list[QuestionRow]:
-        """All rows in dataset order, like `Evaluator.run`: cases in `done` are not asked
-        again, each other case goes to a worker and `on_case` sees it as its rows come back."""
+        """All rows of every repeat, in repeat then dataset order, like `Evaluator.run`: cases
+        in `done` (by repeat, then case id) are not asked again, each other case goes to a
+        worker with a free slot (the repeats share the slots: none idles between repeats) and
+        `on_case` sees it, with its repeat, as its rows come back."""
         loop = asyncio.get_running_loop()
-        pending = {case.id: case for case in dataset.cases if case.id not in done}
-        found: dict[str, list[QuestionRow]] = {}
+        pending = {
+            (repeat, case.id): case
+            for repeat in repeats
+            for case in dataset.cases
+            if case.id not in done.get(repeat, {})
+        }
+        found: dict[tuple[int, str], list[QuestionRow]] = {}
         free: asyncio.Queue[Worker] = asyncio.Queue()
         for slot in range(max(w.slots for w in self.workers)):
             for worker in self.workers:
                 if slot < worker.slots:
                     free.put_nowait(worker)
         outcome: asyncio.Future[None] = loop.create_future()
-        bar = tqdm(total=dataset.questions, unit="q", desc="questions", disable=not self.progress)
-        bar.update(sum(len(done[c.id]) for c in dataset.cases if c.id in done))
-        kept = sum(1 for case in dataset.cases if case.id in done)
+        bar = tqdm(
+            total=dataset.questions * len(repeats),
+            unit="q",
+            desc="questions",
+            disable=not self.progress,
+        )
+        kept = 0
+        for repeat in repeats:
+            known = done.get(repeat, {})
+            bar.update(sum(len(known[c.id]) for c in dataset.cases if c.id in known))
+            kept += sum(1 for case in dataset.cases if case.id in known)
 
         def stop(error: BaseException | None) -> None:
             if not outcome.done():
@@ -267,11 +281,11 @@ class WorkerPool:
                 if message[0] == "failed":
                     worker.error = message[1]
                     return  # the pipe closes next: reported with the exit code
-                _kind, _repeat, case_id, payload = message
+                _kind, repeat, case_id, payload = message
                 rows = ROWS.validate_json(payload)
-                case = pending[case_id]
-                on_case(case, rows)
-                found[case_id] = rows
+                case = pending[(repeat, case_id)]
+                on_case(repeat, case, rows)
+                found[(repeat, case_id)] = rows
                 bar.update(len(rows))
                 free.put_nowait(worker)
                 if len(found) == len(pending):
@@ -284,7 +298,7 @@ class WorkerPool:
         try:
             if not pending:
                 stop(None)
-            for case in pending.values():
+            for (repeat, case_id), _case in pending.items():
                 waiting = asyncio.ensure_future(free.get())
                 await asyncio.wait((waiting, outcome), return_when=asyncio.FIRST_COMPLETED)
                 if not waiting.done():
@@ -292,21 +306,26 @@ class WorkerPool:
                     break
                 worker = waiting.result()
                 try:
-                    worker.inbox.send(("case", repeat, case.id))
+                    worker.inbox.send(("case", repeat, case_id))
                 except OSError:  # it died before its pipe said so
                     lost(worker)
                     break
             try:
                 await outcome
             except _Lost as gone:
-                raise gone.worker.died(kept + len(found), len(dataset.cases), repeat) from None
+                total = len(dataset.cases) * len(repeats)
+                raise gone.worker.died(kept + len(found), total) from None
         finally:
             for worker in self.workers:
                 with contextlib.suppress(ValueError, OSError):  # closed by a dead worker
                     loop.remove_reader(worker.outbox.fileno())
             bar.close()
-        rows = {**done, **found}
-        return [row for case in dataset.cases for row in rows[case.id]]
+        rows = [
+            found.get((repeat, case.id)) or done[repeat][case.id]
+            for repeat in repeats
+            for case in dataset.cases
+        ]
+        return [row for case_rows in rows for row in case_rows]
 
     def close(self, *, graceful: bool = True) -> None:
         """Stop the workers: told to stop (and their CPU time read) when the run went well,

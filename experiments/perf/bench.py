@@ -23,7 +23,7 @@ from caprag.books import Book, load_books
 from caprag.config import BUNDLED_CORPUS, PROJECT_ROOT
 from caprag.embeddings import Embedder, get_embedder
 from caprag.store import IngestReport, PassageIndex
-from experiments.perf import cache, concurrency, overhead, provider, scale, startup
+from experiments.perf import cache, concurrency, overhead, provider, scale, startup, trace_writer
 from experiments.perf import memory as long_run_memory
 
 REPORTS = PROJECT_ROOT / "reports"
@@ -204,6 +204,7 @@ SECTIONS: dict[str, tuple[str, Callable[[], dict[str, object]]]] = {
         "The harness at a provider's latency (p50 0.8 s, p95 3 s, 2 % 429)",
         provider.section,
     ),
+    "traces": ("The trace writer at the main job's trace shape", trace_writer.section),
     "overhead": (
         "Harness overhead per question (instant LLM) — superseded by `provider`",
         overhead.bench_overhead,

@@ -947,15 +947,22 @@ class TraceWriter:
         traces against `rows` and write again what falls short. Returns the count back (what
         could not be repaired is in it)."""
         if self.keep and not self._stopped:
-            self.finish()
-            if not self._wait_flushed():
+            if not self.drain():
                 self.stop()  # it is gone: reap it and say how it ended
-            self._finishing = False
         else:
             self.stop()
         if self.target is None or not rows:
             return CountBack()
         return repair(self.target, rows)
+
+    def drain(self) -> bool:
+        """Have a kept writer write everything sent so far and wait until it has (a bar shows
+        its progress); False when it ended first or the hang guard ran out."""
+        self.finish()
+        try:
+            return self._wait_flushed()
+        finally:
+            self._finishing = False
 
     def _wait_flushed(self) -> bool:
         """Wait for the writer to say it wrote everything asked so far (a bar shows its

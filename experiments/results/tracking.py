@@ -232,25 +232,70 @@ def sweep_parents(experiment_id: str, sweep_id: str) -> list[str]:
     ]
 
 
-def parent_run(experiment_id: str, sweep_id: str, name: str) -> str:
-    """The run that groups a sweep's runs: found by tag, created once. A file lock keeps it single
-    on one machine; jobs on several machines (a Ray cluster) that create one at the same time
-    each keep the earliest and delete their own."""
-    with file_lock(f"sweep:{sweep_id}"):
+SWEEP_KEY = "caprag.sweep_key"
+"""Parent run tag: what the sweep's command asked (its overrides), the same every time it runs."""
+SWEEP_STATE = "caprag.sweep_state"
+"""Parent run tag: 'running' until the sweep's end has written its verdict, then 'complete'."""
+
+
+def unfinished_sweeps(experiment_id: str, key: str) -> list[str]:
+    """Parent runs of sweeps of this command whose end never came (killed), newest first."""
+    found = mlflow.search_runs(
+        experiment_ids=[experiment_id],
+        filter_string=f"tags.`{SWEEP_KEY}` = '{key}' and tags.`caprag.role` = 'sweep'",
+        order_by=["attributes.start_time DESC"],
+        output_format="list",
+    )
+    return [str(r.info.run_id) for r in found if r.data.tags.get(SWEEP_STATE) != "complete"]
+
+
+def parent_run(experiment_id: str, sweep_id: str, name: str, key: str = "") -> str:
+    """The run that groups a sweep's runs: found by tag, created once. A sweep whose command
+    (`key`) left an unfinished parent (it was killed) takes that parent over, so the sweep run
+    again is the same sweep. A file lock keeps it single on one machine; jobs on several
+    machines (a Ray cluster) that create one at the same time each keep the earliest and delete
+    their own."""
+    with file_lock(f"sweep:{key or sweep_id}"):
         found = sweep_parents(experiment_id, sweep_id)
         if found:
             return found[0]
         client = mlflow.MlflowClient()
-        run = client.create_run(
-            experiment_id,
-            run_name=name,
-            tags={"caprag.sweep_id": sweep_id, "caprag.role": "sweep"},
-        )
+        if key and (earlier := unfinished_sweeps(experiment_id, key)):
+            client.set_tag(earlier[0], "caprag.sweep_id", sweep_id)
+            print(
+                f"resuming sweep {earlier[0]}: its finished runs are kept, its unfinished ones "
+                "resumed",
+                flush=True,
+            )
+            return earlier[0]
+        tags = {"caprag.sweep_id": sweep_id, "caprag.role": "sweep", SWEEP_STATE: "running"}
+        if key:
+            tags[SWEEP_KEY] = key
+        run = client.create_run(experiment_id, run_name=name, tags=tags)
         client.set_terminated(run.info.run_id)
         first = sweep_parents(experiment_id, sweep_id)[0]
         if first != run.info.run_id:
             client.delete_run(run.info.run_id)
         return first
+
+
+def sweep_complete(parent_id: str) -> None:
+    """Mark a sweep's parent run complete (its end wrote the verdict): the next sweep of the same
+    command starts a parent of its own."""
+    mlflow.MlflowClient().set_tag(parent_id, SWEEP_STATE, "complete")
+
+
+def finished_child(experiment_id: str, parent_id: str, config_hash: str) -> str | None:
+    """The finished run of this config under a sweep's parent run, if there is one."""
+    found = mlflow.search_runs(
+        experiment_ids=[experiment_id],
+        filter_string=(
+            f"tags.`mlflow.parentRunId` = '{parent_id}' "
+            f"and tags.`caprag.config_hash` = '{config_hash}' and attributes.status = 'FINISHED'"
+        ),
+        output_format="list",
+    )
+    return str(found[0].info.run_id) if found else None
 
 
 RUN_NOTE = "mlflow.note.content"
