@@ -225,6 +225,7 @@ def _run_logged(
                 flush=True,
             )
         if trace_writer is not None and run_id is not None:
+            trace_writer.progress = bool(cfg.experiment.progress)
             _resume_traces(trace_writer, identity, run_id, done, strategy_name)
         reuse = row_cache(cfg, parts, config) if hooks.reuse_rows else None
         try:

@@ -55,6 +55,7 @@ from caprag.secrets import install_log_redaction
 from experiments.harness.data import Dataset, EvalCase
 from experiments.harness.evaluate import Evaluator
 from experiments.results.row import ROWS, QuestionRow
+from experiments.results.spawn import main_not_imported
 
 AUTO = "auto"
 AUTO_MIN_CONCURRENCY = 16
@@ -121,25 +122,6 @@ def _signal_name(code: int) -> str:
     with contextlib.suppress(ValueError):
         return f" (killed by {signal.Signals(-code).name})" if code < 0 else ""
     return ""
-
-
-@contextlib.contextmanager
-def _main_not_imported() -> Iterator[None]:
-    """Start a worker without `__main__`: multiprocessing would import the main module again in
-    each worker, and a script that calls run(cfg) without an `if __name__ == "__main__":` guard
-    would start a second run there. A worker needs nothing from it (its target and arguments
-    come from this module)."""
-    main = sys.modules["__main__"]
-    saved: dict[str, Any] = {
-        key: main.__dict__[key] for key in ("__spec__", "__file__") if key in main.__dict__
-    }
-    main.__dict__["__spec__"] = None
-    main.__dict__.pop("__file__", None)
-    try:
-        yield
-    finally:
-        main.__dict__.pop("__spec__", None)
-        main.__dict__.update(saved)
 
 
 @dataclass
@@ -210,7 +192,7 @@ class WorkerPool:
                     name=f"caprag-worker-{number + 1}",
                     daemon=True,
                 )
-                with _main_not_imported():
+                with main_not_imported():
                     process.start()
                 # Only the worker holds its ends: its death closes the pipe for the parent.
                 worker_in.close()

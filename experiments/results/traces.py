@@ -79,6 +79,7 @@ from tqdm import tqdm
 from caprag.schemas import CallUsage, RetrievedRef
 from experiments.results import tracking
 from experiments.results.row import QuestionRow
+from experiments.results.spawn import main_not_imported
 
 # How MLflow exports traces, in this process and the writer's (each is read when first used).
 # Pooled SQL connections (the writer is spawned, so it inherits none of the harness's).
@@ -894,7 +895,7 @@ class TraceWriter:
             name="caprag-traces",
             daemon=True,
         )
-        with _main_not_imported():
+        with main_not_imported():
             self._process.start()
         sender.close()  # the writer's end: when it ends, reading here ends too
         self._reader = threading.Thread(target=self._read, name="caprag-trace-reports", daemon=True)
@@ -1034,24 +1035,6 @@ class TraceWriter:
     def written(self, run_id: str) -> int:
         """How many traces of a run the writer reported written."""
         return self._done.get(run_id, 0)
-
-
-@contextlib.contextmanager
-def _main_not_imported() -> Iterator[None]:
-    """Start the writer without `__main__`: a spawned process would import the main module
-    again, and a script that calls run(cfg) without an `if __name__ == "__main__":` guard would
-    start a second run there. The writer needs nothing from it."""
-    main = sys.modules["__main__"]
-    saved: dict[str, Any] = {
-        key: main.__dict__[key] for key in ("__spec__", "__file__") if key in main.__dict__
-    }
-    main.__dict__["__spec__"] = None
-    main.__dict__.pop("__file__", None)
-    try:
-        yield
-    finally:
-        main.__dict__.pop("__spec__", None)
-        main.__dict__.update(saved)
 
 
 _shared: TraceWriter | None = None

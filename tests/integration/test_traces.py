@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
 from caprag.config import PROJECT_ROOT
+from caprag.errors import CapragError
 from experiments.harness.run import run
 from experiments.results import traces
 from experiments.results.row import QuestionRow
@@ -200,7 +202,11 @@ def test_the_writer_writes_traces_in_the_order_questions_finish(
         f"0:q{n}" for n in range(12)
     )
     trace = next(t for t in found if t.info.tags[traces.CASE_TAG] == "0:q3")
+    # MLflow's trace list: the question's real request time and execution time.
     assert trace.info.request_time == rows[3].started_ns // MS
+    root = next(s for s in trace.data.spans if s.parent_id is None)
+    assert trace.info.execution_duration == (root.end_time_ns - root.start_time_ns) // MS
+    assert trace.info.execution_duration >= rows[3].timings["total"] * 1000 - 1
     names = [s.name for s in sorted(trace.data.spans, key=lambda s: s.start_time_ns)]
     assert set(names[:2]) == {"q3 · cross_book", "rewrite"}
     assert names.index("hop 1") < names.index("llm analyze") < names.index("hop 2")
@@ -309,6 +315,53 @@ def test_the_count_back_finds_what_the_store_lacks_and_writes_only_that_again(
     assert after["0:q0"] == before["0:q0"] and after["0:q4"] == before["0:q4"]  # kept
     assert after["0:q2"] != before["0:q2"]  # written again
     assert "4 of 6 traces incomplete" in capfd.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_run_whose_traces_cannot_be_written_fails_with_one_line_and_the_same_command_mends_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = make_cfg(tmp_path, "dataset=all", "experiment.ragas=false", "experiment.progress=true")
+    # The writer loses the odd questions' traces and this process cannot write them either.
+    lossy = traces.TraceWriter(keep=True, write=even_only_write)
+    monkeypatch.setattr(traces, "_shared", lossy)
+    monkeypatch.setattr(traces, "write_traces", lambda rows, target, earlier=None: [])
+    with pytest.raises(CapragError) as failed:
+        run(cfg)
+    message = str(failed.value)
+    assert re.fullmatch(
+        r"run \w+: \d of 9 traces incomplete \(\d no trace\); its rows and metrics are logged "
+        r"and it is tagged caprag.traces_missing: run the same command again to write the "
+        r"missing traces",
+        message,
+    ), message
+    out, err = capsys.readouterr()
+    assert "time: answering" in out and "recording" in out  # the run's time split
+    assert "traces: 100%" in err and "trace/s" in err  # the export's progress bar
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlruns.db'}")
+    (killed,) = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    assert killed.info.status == "FAILED"
+    assert killed.data.tags["caprag.traces_missing"] in message
+    assert killed.data.metrics["questions"] == 9  # its rows and metrics are logged
+    kept = {
+        t.info.tags[traces.CASE_TAG]: t.info.trace_id
+        for t in mlflow.search_traces(run_id=killed.info.run_id, return_type="list")
+    }
+    assert 0 < len(kept) < 9
+
+    lossy.stop()
+    monkeypatch.undo()
+    again = run(make_cfg(tmp_path, "dataset=all", "experiment.ragas=false"))
+    assert again.run_id == killed.info.run_id  # resumed, nothing asked again
+    finished = mlflow.get_run(killed.info.run_id)
+    assert finished.info.status == "FINISHED"
+    assert "caprag.traces_missing" not in finished.data.tags
+    after = {
+        t.info.tags[traces.CASE_TAG]: t.info.trace_id
+        for t in mlflow.search_traces(run_id=killed.info.run_id, return_type="list")
+    }
+    assert len(after) == 9
+    assert {case: after[case] for case in kept} == kept  # only the missing ones were written
 
 
 WRITER_DIES_WITH_ROWS_QUEUED = """
