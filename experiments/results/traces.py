@@ -990,6 +990,7 @@ class TraceWriter:
                     bar.update(min(total, self._done.get(run_id, 0)) - bar.n)
                 return self._flushed >= self._asked
         finally:
+            bar.update(min(total, self._done.get(run_id, 0)) - bar.n)  # what was written
             bar.close()
 
     def finish(self) -> None:

@@ -240,11 +240,8 @@ SWEEP_STATE = "caprag.sweep_state"
 
 def unfinished_sweeps(experiment_id: str, key: str) -> list[str]:
     """Parent runs of sweeps of this command whose end never came (killed), newest first."""
-    found = mlflow.search_runs(
-        experiment_ids=[experiment_id],
-        filter_string=f"tags.`{SWEEP_KEY}` = '{key}' and tags.`caprag.role` = 'sweep'",
-        order_by=["attributes.start_time DESC"],
-        output_format="list",
+    found = newest_first(
+        experiment_id, f"tags.`{SWEEP_KEY}` = '{key}' and tags.`caprag.role` = 'sweep'"
     )
     return [str(r.info.run_id) for r in found if r.data.tags.get(SWEEP_STATE) != "complete"]
 
@@ -345,14 +342,20 @@ def tag_journal(path: Path) -> None:
     mlflow.set_tag(JOURNAL_TAG, f"{socket.gethostname()}:{path.resolve()}")
 
 
-def unfinished_runs(experiment_id: str, config_hash: str) -> list[str]:
-    """Runs of this config that did not finish (killed, failed or still going), newest first."""
-    found = mlflow.search_runs(
+def newest_first(experiment_id: str, filter_string: str) -> list[Any]:
+    """The experiment's runs that match a filter, the newest first."""
+    found: list[Any] = mlflow.search_runs(
         experiment_ids=[experiment_id],
-        filter_string=f"tags.`caprag.config_hash` = '{config_hash}'",
+        filter_string=filter_string,
         order_by=["attributes.start_time DESC"],
         output_format="list",
     )
+    return found
+
+
+def unfinished_runs(experiment_id: str, config_hash: str) -> list[str]:
+    """Runs of this config that did not finish (killed, failed or still going), newest first."""
+    found = newest_first(experiment_id, f"tags.`caprag.config_hash` = '{config_hash}'")
     return [str(r.info.run_id) for r in found if r.info.status != "FINISHED"]
 
 

@@ -31,7 +31,7 @@ def target(tmp_path: Path) -> traces.Target:
 
 def written(row: QuestionRow, target: traces.Target) -> mlflow.entities.Trace:
     """The row's trace as MLflow stores it."""
-    assert traces.write_traces([row], target) == [traces.case_of(row)]
+    assert [w.case for w in traces.write_traces([row], target)] == [traces.case_of(row)]
     trace_id = traces.find_trace(target, traces.case_of(row))
     assert trace_id is not None
     return mlflow.MlflowClient(target.uri).get_trace(trace_id)

@@ -141,12 +141,12 @@ def even_only_write(
 ) -> list[traces.Written]:
     """Write the traces of even-numbered questions only, yet report every row written."""
     written = traces.write_traces(
-        [row for row in rows if int(row.question_id[1:]) % 2 == 0], target, earlier
+        [row for row in rows if int(row.question_id[-1]) % 2 == 0], target, earlier
     )
     return written + [
         traces.Written(target.run_id, traces.case_of(row), "lost", 0, 0)
         for row in rows
-        if int(row.question_id[1:]) % 2
+        if int(row.question_id[-1]) % 2
     ]
 
 
