@@ -125,7 +125,7 @@ def run(
         tracking.use_wal(tracking.tracking_uri(cfg.tracking.uri))
     if not dry:
         if cfg.tracking.enabled and cfg.tracking.traces:
-            traces.shared()  # forked before anything is built: the fork copies little
+            traces.shared()  # started first: it imports MLflow while the run builds
         workers.prepare(cfg)  # the workers' server imports while the components are built
     with hooks.phase("setup"):
         parts = build_components(cfg, llm=not dry)
@@ -211,7 +211,7 @@ def _run_logged(
     if kept is not None:
         return _kept(kept, names, parts.dataset.name, config)
     with (
-        traces.writer(writing) as trace_writer,  # forked before the journal: it must not hold it
+        traces.writer(writing) as trace_writer,  # the writer started above (spawned: holds nothing)
         workers.pool(cfg, config) as pool,  # started while the MLflow run and journal open
         identity.open(name, sweep_id, tags, setup) as (journal, run_id),
     ):

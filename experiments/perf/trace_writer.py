@@ -6,7 +6,9 @@ SQLite store by a `TraceWriter` (the spawned process the harness uses), all rows
 a run that ends sends them: the wall from the first row sent to the end of `close` (the writer's
 wait, then the count-back that reads every trace back with its spans and assessments), the
 writer process's CPU, and every commit of every SQLAlchemy engine inside the writer process
-(SQLAlchemy's public `commit` event, reads and deletes included), per trace.
+(SQLAlchemy's public `commit` event, reads and deletes included), per trace. The same rows are
+then written by two writer processes at once, each a half of the cases, into another fresh store:
+whether a second writer would raise the bound.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 import os
 import tempfile
 import time
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -65,12 +68,14 @@ def main_job_rows(folder: Path) -> list[Any]:
     return list(run(cfg).rows)
 
 
-def measure(rows: Sequence[Any], folder: Path) -> dict[str, float]:
-    """Write the rows' traces into a fresh store through the writer process."""
+def measure(rows: Sequence[Any], folder: Path, writers: int = 1) -> dict[str, float]:
+    """Write the rows' traces into a fresh store through `writers` writer processes (each the
+    cases whose key hashes to it), all at once."""
     import mlflow
 
     from experiments.results import traces
 
+    folder.mkdir(parents=True, exist_ok=True)
     uri = f"sqlite:///{folder / 'traces.db'}"
     commits = folder / "commits.txt"
     client = mlflow.MlflowClient(uri)
@@ -79,28 +84,36 @@ def measure(rows: Sequence[Any], folder: Path) -> dict[str, float]:
     target = traces.Target(uri, experiment_id, run_id, "multi-hop")
     plans = [traces.build_trace(row, target) for row in rows]
     with environment(CAPRAG_BENCH_COMMITS=str(commits), **QUIET_ENV):
-        writer = traces.TraceWriter(keep=True, write=counting_write)
-    writer.progress = False
-    # The writer's start-up (its imports) is not the per-trace cost: wait for it to be ready.
+        started = [traces.TraceWriter(keep=True, write=counting_write) for _ in range(writers)]
+    # The writers' start-up (their imports) is not the per-trace cost: wait for them to be ready.
     warm = traces.Target(uri, experiment_id, client.create_run(experiment_id).info.run_id)
-    writer.bind(warm)
-    writer.submit(rows[:1])
-    writer.drain()
+    for writer in started:
+        writer.progress = False
+        writer.bind(warm)
+        writer.submit(rows[:1])
+    for writer in started:
+        writer.drain()
     commits.unlink(missing_ok=True)
-    cpu_before = process_cpu_s(writer.pid)
+    shares: list[list[Any]] = [[] for _ in started]
+    for row in rows:
+        shares[zlib.crc32(traces.case_of(row).encode()) % writers].append(row)
+    cpu_before = [process_cpu_s(writer.pid) for writer in started]
     load = os.getloadavg()[0]
     start = time.perf_counter()
-    writer.bind(target)
-    writer.submit(rows)
-    waited = writer.drain()
+    for writer, share in zip(started, shares, strict=True):
+        writer.bind(target)
+        writer.submit(share)
+    waited = all([writer.drain() for writer in started])  # each writes while the first drains
     export_s = time.perf_counter() - start
-    cpu = process_cpu_s(writer.pid) - cpu_before
+    cpu = sum(process_cpu_s(w.pid) - b for w, b in zip(started, cpu_before, strict=True))
     counted = traces.repair(target, rows)
     total_s = time.perf_counter() - start
-    writer.stop()
+    for writer in started:
+        writer.stop()
     batches = [line.split() for line in commits.read_text().splitlines()]
     n = float(len(rows))
     return {
+        "writers": float(writers),
         "traces": n,
         "complete": float(waited and counted.complete),
         "spans_per_trace": sum(len(p.spans) for p in plans) / n,
@@ -116,29 +129,38 @@ def measure(rows: Sequence[Any], folder: Path) -> dict[str, float]:
     }
 
 
-def markdown(r: dict[str, float]) -> str:
-    """The section's table and the arithmetic of what it bounds."""
+def _line(r: dict[str, float]) -> str:
+    return (
+        f"| {r['writers']:.0f} | {r['traces']:.0f} | {r['spans_per_trace']:.1f} "
+        f"| {r['assessments_per_trace']:.1f} | {r['commits_per_trace']:.2f} "
+        f"| {r['writer_cpu_ms']:.0f} ms | {r['export_wall_ms']:.0f} ms "
+        f"| {r['wall_ms']:.0f} ms | {r['batches']:.0f} "
+        f"| {r['load_before']:.1f}→{r['load_after']:.1f} |"
+    )
+
+
+def markdown(r: dict[str, float], two: dict[str, float]) -> str:
+    """The section's table (one writer, then two) and the arithmetic of what it bounds."""
     bound = r["export_wall_ms"] * QUESTIONS_BESIDE / 1000
     cpu_bound = r["writer_cpu_ms"] * QUESTIONS_BESIDE / 1000
     main_job = r["export_wall_ms"] * 696 / 1000
+    gain = r["export_wall_ms"] / two["export_wall_ms"]
     return "\n".join(
         [
             __doc__.split("\n\n", 1)[1].strip().replace("\n", " "),
             "",
-            "| traces | spans a trace | assessments a trace | commits a trace | writer CPU a "
-            "trace | export wall a trace | with the count-back | batches | load before→after |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-            f"| {r['traces']:.0f} | {r['spans_per_trace']:.1f} "
-            f"| {r['assessments_per_trace']:.1f} | {r['commits_per_trace']:.2f} "
-            f"| {r['writer_cpu_ms']:.0f} ms | {r['export_wall_ms']:.0f} ms "
-            f"| {r['wall_ms']:.0f} ms | {r['batches']:.0f} "
-            f"| {r['load_before']:.1f}→{r['load_after']:.1f} |",
+            "| writers | traces | spans a trace | assessments a trace | commits a trace "
+            "| writer CPU a trace | export wall a trace | with the count-back | batches "
+            "| load before→after |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+            _line(r),
+            _line(two),
             "",
             f"Targets: at most 3 commits a trace ({r['commits_per_trace']:.2f}: "
             f"{'met' if r['commits_per_trace'] <= 3 else 'MISSED'}) and at most 80 ms of writer "
             f"CPU a trace ({r['writer_cpu_ms']:.0f} ms: "
             f"{'met' if r['writer_cpu_ms'] <= 80 else 'MISSED'}); every trace read back whole: "
-            f"{'yes' if r['complete'] else 'NO'}.",
+            f"{'yes' if r['complete'] and two['complete'] else 'NO'}.",
             "",
             f"What it bounds: {QUESTIONS_BESIDE} traces take {bound:.1f} s of the writer's wall "
             f"({cpu_bound:.1f} s of its CPU) when nothing else runs; the main job's 696 take "
@@ -149,6 +171,17 @@ def markdown(r: dict[str, float]) -> str:
             "The commits are MLflow's own: each trace's `start_trace` (its tags, metadata and "
             "assessments in one transaction) and the experiment read inside it; the spans of a "
             "batch share one `log_spans` commit.",
+            "",
+            f"A second writer process is {gain:.2f}× as fast as one, though each does half the "
+            "work: SQLite lets one transaction write at a time, and most of a trace's cost is "
+            "spent holding that lock. MLflow's exporter logs a trace's spans before its "
+            "`start_trace` (the spans' `log_spans` makes the trace's row), so every `start_trace` "
+            "finds its row made, rolls back its insert and merges the trace's tags, assessments "
+            "and metadata into it row by row, inside its write transaction. No public setting "
+            "changes that order, so on a SQLite store the writer's wall a trace above is the "
+            "bound: a run that answers faster than it (the `provider` section at 64 in flight "
+            "answers 384 questions in about 21 s) ends that much later, whatever the number of "
+            "writers. The harness keeps one.",
         ]
     )
 
@@ -159,8 +192,9 @@ def section() -> dict[str, object]:
         folder = Path(tmp)
         with environment(**QUIET_ENV):
             rows = main_job_rows(folder / "source")
-            measured = measure(rows, folder)
-    return {"markdown": markdown(measured), "result": measured}
+            one = measure(rows, folder / "one")
+            two = measure(rows, folder / "two", writers=2)
+    return {"markdown": markdown(one, two), "result": one, "two_writers": two}
 
 
 if __name__ == "__main__":

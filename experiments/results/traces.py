@@ -590,13 +590,11 @@ def _export_to(target: Target) -> None:
 
 @dataclass(frozen=True)
 class Written:
-    """One trace as the writer sent it: its case, id and how many spans and assessments."""
+    """One trace as the writer sent it: its run, its case and the id MLflow gave it."""
 
     run_id: str
     case: str
     trace_id: str
-    spans: int
-    assessments: int
 
 
 def write_traces(
@@ -617,16 +615,7 @@ def write_traces(
         old = [trace_id for case in cases for trace_id in earlier.get(case, ())]
     if old:
         client.delete_traces(target.experiment_id, trace_ids=old)
-    sent = [
-        Written(
-            target.run_id,
-            case_of(trace.row),
-            _emit(trace),
-            len(trace.spans),
-            len(trace.assessments()),
-        )
-        for trace in planned
-    ]
+    sent = [Written(target.run_id, case_of(trace.row), _emit(trace)) for trace in planned]
     # Once per batch: the batch is in the store. (No `link_traces_to_run`: the run's id is in
     # each trace's metadata, which MLflow's run filter and the run's Traces tab read.)
     mlflow.flush_trace_async_logging()
@@ -878,7 +867,6 @@ class TraceWriter:
         self.target: Target | None = None
         self._stopped = False
         self._finishing = False
-        self._written: set[tuple[str, str]] = set()
         self._sent: dict[str, int] = {}  # run id -> rows submitted
         self._done: dict[str, int] = {}  # run id -> traces the writer reported
         self._flushed = 0
@@ -919,7 +907,6 @@ class TraceWriter:
             with self._changed:
                 if kind == "wrote":
                     for item in payload:
-                        self._written.add((item.run_id, item.case))
                         self._done[item.run_id] = self._done.get(item.run_id, 0) + 1
                 else:
                     self._flushed += 1
@@ -1069,7 +1056,6 @@ def writer(enabled: bool) -> Iterator[TraceWriter | None]:
         return
     trace_writer = shared()
     trace_writer.target = None
-    trace_writer._written.clear()
     try:
         yield trace_writer
     finally:

@@ -144,7 +144,7 @@ def even_only_write(
         [row for row in rows if int(row.question_id[-1]) % 2 == 0], target, earlier
     )
     return written + [
-        traces.Written(target.run_id, traces.case_of(row), "lost", 0, 0)
+        traces.Written(target.run_id, traces.case_of(row), "lost")
         for row in rows
         if int(row.question_id[-1]) % 2
     ]
