@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from caprag.config import PowerChoice, Settings, load_settings, parse_power, power_label
-from caprag.decision_log import PowerSource
 from caprag.errors import CapragError
-from caprag.services import AskResult, Pipeline, build_pipeline, validate_question
+from caprag.serve.decision_log import PowerSource
+from caprag.serve.services import AskResult, Pipeline, build_pipeline, validate_question
 
 CLI_STORE = Path(".caprag") / "cli-chat.db"
 """Where `ask` keeps conversations when CAPRAG_CHECKPOINTER is not set (relative to the

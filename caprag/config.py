@@ -18,8 +18,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from caprag.calibration import DEFAULT_CALIBRATION
 from caprag.errors import ConfigError, MissingAPIKeyError
-from caprag.plugins import load_plugins
-from caprag.roles import ROLES
+from caprag.registry import ROLES, load_plugins
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 BUNDLED_CORPUS = PROJECT_ROOT / "datasets" / "books"
@@ -63,7 +62,7 @@ def _step(role: str) -> Any:
 class SettingsFields(BaseSettings):
     """Everything the pipeline reads from the environment (names documented in the README). The
     step roles come on top: `Settings` is this with a CAPRAG_<ROLE> field per role of
-    caprag.roles.ROLES."""
+    caprag.registry.ROLES."""
 
     model_config = SettingsConfigDict(extra="ignore", populate_by_name=True)
 
@@ -107,13 +106,13 @@ class SettingsFields(BaseSettings):
     embedding: str = Field(
         "minilm",
         validation_alias=AliasChoices("CAPRAG_EMBEDDING", "embedding"),
-        description="A registered embedding model (caprag.embeddings.EMBEDDERS): minilm, "
+        description="A registered embedding model (caprag.retrieval.embeddings.EMBEDDERS): minilm, "
         "wordllama.",
     )
     retriever: str = Field(
         "dense",
         validation_alias=AliasChoices("CAPRAG_RETRIEVER", "retriever"),
-        description="A registered retriever kind (caprag.retrievers.RETRIEVERS): dense "
+        description="A registered retriever kind (caprag.retrieval.retrievers.RETRIEVERS): dense "
         "(embeddings), bm25 (lexical), hybrid (the two fused by RRF), or one a plugin adds.",
     )
     k: int = Field(8, ge=1, le=100, validation_alias=AliasChoices("CAPRAG_K", "k"))
@@ -237,14 +236,14 @@ class SettingsFields(BaseSettings):
     @field_validator("retriever")
     @classmethod
     def _registered_retriever(cls, value: str) -> str:
-        from caprag.retrievers import RETRIEVERS
+        from caprag.retrieval.retrievers import RETRIEVERS
 
         return RETRIEVERS.check(value)
 
     @field_validator("embedding")
     @classmethod
     def _registered_embedding(cls, value: str) -> str:
-        from caprag.embeddings import EMBEDDERS
+        from caprag.retrieval.embeddings import EMBEDDERS
 
         return EMBEDDERS.check(value)
 
@@ -292,7 +291,7 @@ class SettingsFields(BaseSettings):
     def _server_url(cls, value: str | None) -> str | None:
         if not value:
             return None
-        from caprag.chroma_server import ServerAddress
+        from caprag.retrieval.chroma_server import ServerAddress
 
         try:
             ServerAddress.parse(value)
@@ -308,7 +307,7 @@ class SettingsFields(BaseSettings):
     @field_validator("checkpointer")
     @classmethod
     def _known_checkpointer(cls, value: str) -> str:
-        from caprag.checkpoint import check_spec
+        from caprag.serve.checkpoint import check_spec
 
         try:
             check_spec(value)

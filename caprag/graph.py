@@ -11,10 +11,10 @@ from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, RemoveM
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 
-from caprag.checkpoint import make_checkpointer
-from caprag.conversation import turn_record
 from caprag.llm.client import StepFailedError
 from caprag.schemas import AnswerWithSources, Source
+from caprag.serve.checkpoint import make_checkpointer
+from caprag.serve.conversation import turn_record
 from caprag.state import GraphState
 from caprag.steps import Steps
 from caprag.strategies.base import RetrievalStrategy

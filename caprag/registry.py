@@ -1,13 +1,44 @@
-"""A registry: the names of one kind of thing (retrievers, strategies, embeddings) and what each
-is, kept in one place that every list of choices reads (settings validation, Hydra groups, the
-dashboard). Adding one is a module and a `register` call."""
+"""What the library's choices are named by: registries, the step roles and plug-ins.
+
+- A `Registry`: the names of one kind of thing (retrievers, strategies, embeddings) and what each
+  is, kept in one place that every list of choices reads (settings validation, Hydra groups, the
+  dashboard). Adding one is a module and a `register` call.
+- `ROLES`: the name a user picks rule or LLM by for each LLM step, read everywhere a role is
+  named: `caprag.steps` (which implementation runs each step), the settings (a CAPRAG_<ROLE>
+  variable per role), the harness (a top-level `<role>=` key per role) and the dashboard's Ask
+  page. It is here, free of the steps' imports, so the settings can derive their fields from it
+  without loading any model client.
+- Plug-ins: your own modules, imported at start-up (CAPRAG_PLUGINS=mypkg.retriever,mypkg.strategy).
+  A plug-in module registers what it adds when imported (`register_retriever(...)`,
+  `register_strategy(...)`); then CAPRAG_RETRIEVER / RETRIEVAL_STRATEGY, the harness's
+  `retriever=NAME` / `strategy=NAME` and the dashboard offer it like a built-in one. The settings
+  (API, CLI, ingest) import the plug-ins before they validate; the harness and the dashboard when
+  `experiments` is imported, before Hydra composes a config.
+"""
 
 from __future__ import annotations
 
+import importlib
+import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import TypeVar
 
 from caprag.errors import ConfigError
+
+ROLES: dict[str, str] = {
+    "expander": "expand",
+    "analyzer": "analyze",
+    "generator": "generate",
+    "rewriter": "rewrite",
+    "classifier": "classify",
+    "confidence": "assess",
+    "reasoner": "reason",
+    "asker": "ask",
+}
+"""The name a user chooses an implementation by (Hydra key, CAPRAG_<NAME> variable) → its step."""
+
+PLUGINS_ENV = "CAPRAG_PLUGINS"
+"""Comma-separated module names to import at start-up."""
 
 T = TypeVar("T")
 
@@ -101,3 +132,21 @@ class Registry(Mapping[str, T]):
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}: {', '.join(self._entries)})"
+
+
+def plugin_modules(spec: str | None = None) -> list[str]:
+    """The module names of `spec` (default: CAPRAG_PLUGINS), blanks dropped."""
+    text = os.environ.get(PLUGINS_ENV, "") if spec is None else spec
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def load_plugins(spec: str | None = None) -> list[str]:
+    """Import every plugin module (each once per process: Python keeps imported modules) and
+    return their names; a module that cannot be imported is a ConfigError naming it."""
+    names = plugin_modules(spec)
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise ConfigError(f"{PLUGINS_ENV}={name!r}: cannot import it: {exc}") from exc
+    return names

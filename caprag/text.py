@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from caprag.books import iter_citations
+from caprag.retrieval.books import iter_citations
 
 STOPWORDS = frozenset(
     """a about above after again against all am an and any are as at be because been before being

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextvars import ContextVar
+
 from pydantic import BaseModel, Field
 
 from caprag.llm.usage import total_cost
@@ -71,3 +74,18 @@ class HopTrace(BaseModel):
     def cost_usd(self) -> float | None:
         """Cost of this hop's LLM calls (None: a model's price is unknown)."""
         return total_cost(u.cost_usd for u in self.usage)
+
+
+ROUND_LISTENER: ContextVar[Callable[[HopTrace], None] | None] = ContextVar(
+    "caprag_rounds", default=None
+)
+"""Called with every round the current turn decides, the moment it is decided (None: nobody
+listens). A context variable, so concurrent turns never see each other's rounds; the chat page
+listens (`caprag.serve.progress`)."""
+
+
+def report_round(hop: HopTrace) -> None:
+    """Tell the turn's listener, if any, about a round just decided."""
+    listener = ROUND_LISTENER.get()
+    if listener is not None:
+        listener(hop)

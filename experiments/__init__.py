@@ -3,10 +3,9 @@
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
+from caprag import disable_telemetry
 from caprag.config import PROJECT_ROOT
-from caprag.plugins import load_plugins
-from caprag.roles import ROLES
-from caprag.telemetry import disable_telemetry
+from caprag.registry import ROLES, load_plugins
 
 disable_telemetry()
 OmegaConf.register_new_resolver(

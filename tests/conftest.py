@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 import caprag  # noqa: F401  (sets the telemetry opt-outs)
-from caprag.books import load_books
-from caprag.embeddings import get_embedder
-from caprag.store import PassageIndex
+from caprag.retrieval.books import load_books
+from caprag.retrieval.embeddings import get_embedder
+from caprag.retrieval.store import PassageIndex
 
 pytest_plugins = ("pytester",)  # tests/integration/test_unit_guard.py runs a pytest of its own
 

@@ -18,14 +18,20 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import BaseModel, PrivateAttr
 
-from caprag.books import load_books
 from caprag.errors import StructuredOutputError
 from caprag.llm import StructuredClient, build_openai_client
+from caprag.retrieval.books import load_books
+from caprag.retrieval.store import (
+    PAGE_BOOST,
+    RestrictedIndex,
+    find_book,
+    passage_to_document,
+    split_citation,
+)
 from caprag.schemas import Document
 from caprag.steps import Steps, build_steps, rule_steps
 from caprag.steps.analyze import RuleAnalyzer
 from caprag.steps.generate import RuleGenerator
-from caprag.store import PAGE_BOOST, RestrictedIndex, find_book, passage_to_document, split_citation
 from experiments.perf.openai_stub import AUTO, Reply, StubServer
 from tests.conftest import FIXTURE_BOOKS
 

@@ -11,6 +11,11 @@ and lower floors; two rooms on one floor do not import each other):
     1  experiments.results
     0  caprag (the library: never imports experiments)
 
+Inside the library, the rooms of `caprag/` (DESIGN.md, docs/development.md) keep these rules
+(`ROOM_RULES`): the retrieval room (`caprag.retrieval`) imports neither the strategies, the steps,
+the LLM client, the pipeline nor serving (`caprag.serve`); the strategies, the steps and the LLM
+client never import serving.
+
 `python -m tests.layering` prints the violations of this checkout (exit 1 when there are any).
 """
 
@@ -33,6 +38,25 @@ FLOORS: dict[str, int] = {
     "experiments.perf": 4,
     "experiments.<shim>": 5,
 }
+ROOM_RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    (
+        "caprag.retrieval",
+        (
+            "caprag.strategies",
+            "caprag.steps",
+            "caprag.llm",
+            "caprag.graph",
+            "caprag.state",
+            "caprag.trace",
+            "caprag.serve",
+        ),
+        "the retrieval room knows nothing of strategies, steps, the pipeline or serving",
+    ),
+    ("caprag.strategies", ("caprag.serve",), "strategies never import serving"),
+    ("caprag.steps", ("caprag.serve", "caprag.strategies"), "steps never import serving"),
+    ("caprag.llm", ("caprag.serve", "caprag.strategies", "caprag.steps"), "the LLM client is below"),
+)
+"""(room, what it may not import, why) inside the library."""
 PACKAGE_FACE = "experiments"
 """experiments/__init__.py: the package's face, below every room (it sets up what Hydra resolves and
 composes with, and imports CAPRAG_PLUGINS)."""
@@ -138,6 +162,23 @@ def upward(edges: Mapping[str, list[tuple[int, str]]]) -> list[Violation]:
     return found
 
 
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def against_rooms(edges: Mapping[str, list[tuple[int, str]]]) -> list[Violation]:
+    """Imports inside the library that break one of `ROOM_RULES`."""
+    found = []
+    for module, targets in edges.items():
+        for owner, forbidden, why in ROOM_RULES:
+            if not _within(module, owner):
+                continue
+            for line, target in targets:
+                if any(_within(target, no) for no in forbidden):
+                    found.append(Violation(module, line, target, why))
+    return found
+
+
 def circles(edges: Mapping[str, list[tuple[int, str]]]) -> list[list[str]]:
     """Every circle of imports between modules (each as its modules in order), by Tarjan's
     strongly connected components: a component of two or more modules holds a circle."""
@@ -185,9 +226,9 @@ def circles(edges: Mapping[str, list[tuple[int, str]]]) -> list[list[str]]:
 def main() -> int:
     """Print every upward import and circle of this checkout."""
     edges = graph()
-    problems = [str(v) for v in upward(edges)]
+    problems = [str(v) for v in [*upward(edges), *against_rooms(edges)]]
     problems += ["circle: " + " -> ".join(c) for c in circles(edges)]
-    print("\n".join(problems) or f"layering: {len(edges)} modules, no upward import, no circle")
+    print("\n".join(problems) or f"layering: {len(edges)} modules, no upward import, none against a room, no circle")
     return 1 if problems else 0
 
 

@@ -7,7 +7,7 @@ answered question once this module is imported (in a test, or by `+experiment.me
 
 from __future__ import annotations
 
-from caprag.services import AskResult
+from caprag.serve.services import AskResult
 from experiments.results import metrics as registry
 from experiments.results.metrics import COUNT, Metric, NotScored
 from experiments.results.questions import GoldQuestion

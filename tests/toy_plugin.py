@@ -9,11 +9,11 @@ import dataclasses
 import re
 from collections.abc import Iterable, Sequence
 
-from caprag.books import Book
-from caprag.retrievers import RetrieverKind, register_retriever
+from caprag.retrieval.books import Book
+from caprag.retrieval.retrievers import RetrieverKind, register_retriever
+from caprag.retrieval.store import IngestReport, passage_to_document
 from caprag.schemas import Document
 from caprag.state import GraphState
-from caprag.store import IngestReport, passage_to_document
 from caprag.strategies import SingleQueryStrategy, register_strategy
 
 WORD = re.compile(r"[a-z]{3,}")

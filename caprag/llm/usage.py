@@ -6,7 +6,7 @@ import functools
 from collections.abc import Iterable
 from typing import Any
 
-from caprag.embeddings import minilm_dir
+from caprag.retrieval.embeddings import minilm_dir
 
 PRICE_TABLE_VERSION = "prices-2026-11"
 # USD per million tokens (input, output). Offline calls are priced as if sent to a reference model.

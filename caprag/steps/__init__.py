@@ -11,11 +11,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from caprag.catalog import Catalog
 from caprag.errors import ConfigError
 from caprag.llm.client import StructuredClient
 from caprag.llm.prompt import History, Prompt
-from caprag.roles import ROLES
+from caprag.registry import ROLES
+from caprag.retrieval.catalog import Catalog
 from caprag.schemas import Document
 from caprag.steps.analyze import (
     ANALYZE,

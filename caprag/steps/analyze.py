@@ -22,11 +22,11 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from caprag.catalog import Catalog
 from caprag.llm.budget import model_limits
 from caprag.llm.budget import prompt_values as budget_values
 from caprag.llm.client import StepFailedError, StructuredClient
 from caprag.llm.prompt import Prompt, format_passages
+from caprag.retrieval.catalog import Catalog
 from caprag.schemas import MAX_QUERIES, MAX_QUERY_CHARS, Document
 from caprag.steps.base import RuleStep, StepResult, fit
 from caprag.steps.expand import cap

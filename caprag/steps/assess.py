@@ -38,10 +38,10 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
-from caprag.catalog import Catalog
 from caprag.llm.budget import model_limits, prompt_values
 from caprag.llm.client import StepFailedError, StructuredClient
 from caprag.llm.prompt import Prompt, format_passages
+from caprag.retrieval.catalog import Catalog
 from caprag.schemas import MAX_QUERIES, MAX_QUERY_CHARS, Document
 from caprag.steps import analyze as analyzer
 from caprag.steps.analyze import Links

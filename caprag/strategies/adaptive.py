@@ -10,11 +10,10 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from caprag.calibration import DEFAULT_CALIBRATION, Calibration, load_calibration
-from caprag.catalog import Catalog
 from caprag.clock import Clock, MonotonicClock
 from caprag.llm.prompt import format_passages
 from caprag.llm.usage import count_tokens
-from caprag.progress import report as report_round
+from caprag.retrieval.catalog import Catalog
 from caprag.schemas import CallUsage, Document, Question, RetrievedRef
 from caprag.state import GraphState
 from caprag.steps import Steps
@@ -27,7 +26,7 @@ from caprag.strategies.base import (
     ServedSettings,
     elapsed,
 )
-from caprag.trace import HopTrace
+from caprag.trace import HopTrace, report_round
 
 BUDGETS = ("depth", "iterations", "chunks", "tokens", "cost", "timeout")
 T = TypeVar("T")

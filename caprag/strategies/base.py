@@ -8,19 +8,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol
 
+from caprag.retrieval.base import Retriever
 from caprag.schemas import CallUsage, Document, Question, RetrievedRef
 from caprag.state import GraphState
 from caprag.steps import Steps
 
 RRF_K = 60
-
-
-class Retriever(Protocol):
-    """Anything that returns the top-k passages for a query (PassageIndex, a test double)."""
-
-    def search(self, query: str, k: int) -> list[Document]:
-        """Top-k passages, best first."""
-        ...
 
 
 class ServedSettings(Protocol):
@@ -171,7 +164,7 @@ class RetrievalStrategy(ABC):
     name: ClassVar[str]
     served_retrieval_s: ClassVar[float | None] = None
     """The served limit of this strategy's retrieval, in seconds (None: derived from its LLM-call
-    bound, `max_llm_calls`, at a hosted model's p95; see `caprag.deadline.served_limit_s`)."""
+    bound, `max_llm_calls`, at a hosted model's p95; see `caprag.serve.deadline.served_limit_s`)."""
 
     def __init__(self, retriever: Retriever, steps: Steps, k: int = 8) -> None:
         self.retriever = retriever

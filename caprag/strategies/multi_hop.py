@@ -6,7 +6,7 @@ import dataclasses
 import time
 from typing import Any
 
-from caprag.catalog import Catalog
+from caprag.retrieval.catalog import Catalog
 from caprag.schemas import CallUsage, Question, RetrievedRef
 from caprag.state import GraphState
 from caprag.steps import Steps

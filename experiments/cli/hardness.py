@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from caprag.config import load_settings
-from caprag.ingest import ingest_path, open_index
-from caprag.store import PassageIndex
+from caprag.retrieval.ingest import ingest_path, open_index
+from caprag.retrieval.store import PassageIndex
 from experiments.results.questions import (
     QUESTIONS_DIR,
     GoldQuestion,

@@ -7,9 +7,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from caprag.books import load_books
 from caprag.config import BUNDLED_CORPUS
 from caprag.errors import CapragError
+from caprag.retrieval.books import load_books
 from experiments.results.questions import (
     QUESTIONS_DIR,
     SETS,

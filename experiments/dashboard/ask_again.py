@@ -13,9 +13,9 @@ import streamlit as st
 
 from caprag.config import Settings, load_settings
 from caprag.errors import CapragError
-from caprag.retrievers import RETRIEVERS
+from caprag.retrieval.retrievers import RETRIEVERS
 from caprag.schemas import Document
-from caprag.services import AskResult, Pipeline, build_pipeline
+from caprag.serve.services import AskResult, Pipeline, build_pipeline
 from caprag.steps import CHOICES, ROLES
 from caprag.strategies import STRATEGIES
 from experiments.dashboard.trace_view import render_trace, row_of_answer

@@ -9,8 +9,8 @@ from typing import Any
 
 import pandas as pd
 
-from caprag.decision_log import Round
 from caprag.schemas import CallUsage
+from caprag.serve.decision_log import Round
 from caprag.trace import HopTrace
 from experiments.results import metrics as registry
 from experiments.results.row import SCHEMA, QuestionRow, rows_of

@@ -10,7 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from caprag.schemas import CallUsage
-from caprag.services import AskResult
+from caprag.serve.services import AskResult
 from caprag.trace import HopTrace
 from experiments.dashboard.data import call_line, hop_documents, is_rule, steps_ran
 from experiments.results import metrics as registry

@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from caprag.books import BOOK_ID, Book, BookMeta, Passage, slugify
 from caprag.errors import ConfigError
+from caprag.retrieval.books import BOOK_ID, Book, BookMeta, Passage, slugify
 from caprag.steps.analyze import Links
 from experiments.harness.data import Dataset, EvalCase, check_corpus_options
 from experiments.results.questions import DatasetError, GoldQuestion, explain, read_jsonl

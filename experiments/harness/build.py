@@ -13,12 +13,12 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from caprag.books import Book, load_books
 from caprag.errors import CapragError, ConfigError
-from caprag.hybrid import RRF_K
 from caprag.llm import StructuredClient
-from caprag.retrievers import RETRIEVERS, Index, make_index
-from caprag.services import Pipeline
+from caprag.retrieval.books import Book, load_books
+from caprag.retrieval.hybrid import RRF_K
+from caprag.retrieval.retrievers import RETRIEVERS, Index, make_index
+from caprag.serve.services import Pipeline
 from caprag.steps import ROLES, Steps, build_steps, rule_steps
 from caprag.steps.analyze import Links
 from caprag.strategies import RetrievalStrategy, Retriever
@@ -47,10 +47,10 @@ def build_index(
 ) -> Index:
     """Open the passage index and bring it up to date (unchanged books skipped).
 
-    `kind`: a registered retriever (caprag.retrievers.RETRIEVERS): dense (embedded chunks in
-    Chroma), bm25 (lexical, in `<store>/bm25/`), hybrid (both, fused by reciprocal rank with
-    constant `rrf_k`) or one a plugin adds. `books` (a benchmark's own corpus) replaces the books
-    under `corpus`, which is then not read.
+    `kind`: a registered retriever (`caprag.retrieval.retrievers.RETRIEVERS`): dense (embedded
+    chunks in Chroma), bm25 (lexical, in `<store>/bm25/`), hybrid (both, fused by reciprocal rank
+    with constant `rrf_k`) or one a plugin adds. `books` (a benchmark's own corpus) replaces the
+    books under `corpus`, which is then not read.
     """
     if books is not None and not all(isinstance(book, Book) for book in books):
         raise ConfigError(

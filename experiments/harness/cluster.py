@@ -7,8 +7,8 @@ import warnings
 
 from omegaconf import OmegaConf
 
+from caprag import OFF
 from caprag.secrets import is_secret_name
-from caprag.telemetry import OFF
 
 FORWARDED_PREFIXES = ("CAPRAG_", "MLFLOW_")
 """Environment variables a job reads for its stores and tracking (CAPRAG_CHROMA_URL, ...)."""

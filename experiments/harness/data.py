@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, overload
 
-from caprag.books import Book
 from caprag.calibration import DEFAULT_CALIBRATION, calibration_names
-from caprag.chroma_server import store_child
 from caprag.errors import ConfigError
+from caprag.retrieval.books import Book
+from caprag.retrieval.chroma_server import store_child
 from caprag.steps.analyze import LINKS, Links
 from experiments.results.questions import (
     QUESTIONS_DIR,

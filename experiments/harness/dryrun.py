@@ -23,7 +23,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from caprag.llm.usage import PRICE_TABLE_VERSION, known_model, price
-from caprag.services import AskResult, Pipeline
+from caprag.serve.services import AskResult, Pipeline
 from caprag.strategies import RetrievalStrategy
 from experiments.harness.data import Dataset, EvalCase
 

@@ -13,7 +13,7 @@ from typing import Any
 from tqdm import tqdm
 
 from caprag.llm import StepFailedError
-from caprag.services import AskResult, Pipeline
+from caprag.serve.services import AskResult, Pipeline
 from experiments.harness.data import Dataset, EvalCase
 from experiments.results import metrics as registry
 from experiments.results.metrics import Metric, NotScored

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from caprag.errors import CapragError
 from caprag.llm.usage import PRICE_TABLE_VERSION
-from caprag.retrievers import RETRIEVERS
+from caprag.retrieval.retrievers import RETRIEVERS
 from caprag.steps import Steps, prompt_versions
 from caprag.strategies import RetrievalStrategy
 from experiments.harness import cluster

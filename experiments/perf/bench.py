@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from caprag.books import Book, load_books
 from caprag.config import BUNDLED_CORPUS, PROJECT_ROOT
-from caprag.embeddings import Embedder, get_embedder
-from caprag.store import IngestReport, PassageIndex
+from caprag.retrieval.books import Book, load_books
+from caprag.retrieval.embeddings import Embedder, get_embedder
+from caprag.retrieval.store import IngestReport, PassageIndex
 from experiments.perf import cache, concurrency, overhead, provider, scale, startup, trace_writer
 from experiments.perf import memory as long_run_memory
 

@@ -24,8 +24,8 @@ from types import FrameType
 
 import httpx
 
+from caprag import disable_telemetry
 from caprag.config import PROJECT_ROOT
-from caprag.telemetry import disable_telemetry
 from experiments.perf.servers import free_port
 
 STRATEGIES = "single,multi-question,multi-hop"

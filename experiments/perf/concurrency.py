@@ -65,7 +65,7 @@ COMPONENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("LangGraph (graph, checkpointer)", ("langgraph", "ormsgpack")),
     (
         "retrieval (wordllama, numpy)",
-        ("wordllama", "numpy", "chromadb", "caprag/store", "caprag/hybrid"),
+        ("wordllama", "numpy", "chromadb", "caprag/retrieval"),
     ),
     ("scoring (RAGAS offline, nltk, rouge)", ("ragas", "nltk", "rouge_score", "rapidfuzz")),
     ("pydantic", ("pydantic", "pydantic_core")),

@@ -29,10 +29,10 @@ from typing import Any
 
 import httpx
 
-from caprag.api import create_app
 from caprag.config import load_settings
 from caprag.llm.usage import price
-from caprag.services import build_pipeline, served_limits
+from caprag.serve.api import create_app
+from caprag.serve.services import build_pipeline, served_limits
 from caprag.strategies import STRATEGIES
 from experiments.perf.openai_stub import Faults, LatencyProfile, StubServer
 

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import httpx
 
-from caprag.books import load_books
 from caprag.clock import Clock, MonotonicClock
 from caprag.config import load_settings
 from caprag.errors import CapragError
+from caprag.retrieval.books import load_books
 from experiments.perf.servers import free_port, running
 
 FOLLOW_UPS = (

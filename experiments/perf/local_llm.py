@@ -46,8 +46,8 @@ from pathlib import Path
 
 import httpx
 
+from caprag import OFF
 from caprag.config import PROJECT_ROOT
-from caprag.telemetry import OFF
 from experiments.perf.servers import free_port, running
 
 INSTALL_COMMAND = ["uv", "sync", "--frozen", "--inexact", "--group", "local-llm"]

@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from caprag.books import Book, BookMeta, Passage
 from caprag.config import PROJECT_ROOT
+from caprag.retrieval.books import Book, BookMeta, Passage
 
 SAMPLE = PROJECT_ROOT / "datasets" / "benchmarks" / "hotpotqa_dev_distractor.jsonl"
 BOOK_SIZE = 1000

@@ -36,7 +36,7 @@ from experiments.results.row import MAX_HOPS_REPORTED
 if TYPE_CHECKING:
     import pandas as pd
 
-    from caprag.services import AskResult
+    from caprag.serve.services import AskResult
     from experiments.results.questions import GoldQuestion
 
 Values = TypeVar("Values", float, "pd.Series[Any]")

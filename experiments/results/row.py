@@ -26,7 +26,7 @@ from caprag.schemas import CallUsage
 from caprag.trace import HopTrace
 
 if TYPE_CHECKING:
-    from caprag.services import AskResult
+    from caprag.serve.services import AskResult
 
 SCHEMA = "2"
 """The `caprag.schema` tag of runs whose table holds whole rows (1: JSON text in cells)."""

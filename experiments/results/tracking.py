@@ -17,10 +17,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from caprag import disable_telemetry
 from caprag.config import PROJECT_ROOT
 from caprag.errors import CapragError
 from caprag.secrets import redact_config, redact_records
-from caprag.telemetry import disable_telemetry
 
 disable_telemetry()
 

@@ -20,7 +20,7 @@ one tag, so none reads "none":
   against the question alone. A question drifts when some query's overlap is below
   `DRIFT_THRESHOLD` (0.25: fewer than one content term in four comes from the question).
 - `budget stop`: retrieval ended on a budget (`budget_exhausted:<budget>`, as
-  `caprag.services.stop_reason` names it: hops, depth, iterations, chunks…) other than time.
+  `caprag.serve.services.stop_reason` names it: hops, depth, iterations, chunks…) other than time.
 - `timeout`: the question ran out of time: the harness's per-question limit, an LLM call's time
   limit, or adaptive's timeout budget.
 - `parse failure`: an LLM reply could not be parsed (a call recorded `unparseable reply`, or the
@@ -42,9 +42,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from caprag.books import Book, iter_citations, load_books
 from caprag.errors import CapragError
-from caprag.services import stop_reason
+from caprag.retrieval.books import Book, iter_citations, load_books
+from caprag.serve.services import stop_reason
 from caprag.text import terms
 from caprag.trace import HopTrace
 from experiments.results.row import PassageInfo, QuestionRow, rows_of
@@ -82,7 +82,7 @@ class Corpus:
 
     @classmethod
     def of(cls, books: Iterable[Book]) -> Corpus:
-        """The corpus of parsed books (`caprag.books.load_books`)."""
+        """The corpus of parsed books (`caprag.retrieval.books.load_books`)."""
         passages: dict[str, PassageInfo] = {}
         names: dict[str, str] = {}
         for book in books:

@@ -432,7 +432,7 @@ def _embeddings(name: str) -> Any:
     """Our bundled embedder behind RAGAS's embedding interface (no OpenAI embeddings call)."""
     from ragas.embeddings import BaseRagasEmbedding
 
-    from caprag.embeddings import get_embedder
+    from caprag.retrieval.embeddings import get_embedder
 
     embedder = get_embedder(name)
 

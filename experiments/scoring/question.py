@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from caprag.services import AskResult
+from caprag.serve.services import AskResult
 from experiments.results.questions import GoldQuestion
 from experiments.results.row import MAX_HOPS_REPORTED
 from experiments.scoring import metrics

@@ -11,7 +11,7 @@ import types
 from collections.abc import Sequence
 from typing import Any
 
-from caprag.telemetry import disable_telemetry
+from caprag import disable_telemetry
 from experiments.scoring.question import Scores
 
 disable_telemetry()

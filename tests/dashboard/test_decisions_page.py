@@ -13,11 +13,11 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from caprag.config import PROJECT_ROOT
-from caprag.decision_log import DecisionLog
-from caprag.services import Pipeline
+from caprag.retrieval.store import PassageIndex
+from caprag.serve.decision_log import DecisionLog
+from caprag.serve.services import Pipeline
 from caprag.steps import StepResult, rule_steps
 from caprag.steps.assess import ConfidenceAssessment
-from caprag.store import PassageIndex
 from caprag.strategies import AdaptiveDepthStrategy, MultiHopStrategy
 from tests.browsers import launch_chromium
 from tests.dashboard.test_browser import choose, dashboard_server

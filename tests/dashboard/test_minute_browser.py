@@ -13,7 +13,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 from playwright.sync_api import Browser, Page
 
-from caprag.books import load_books
+from caprag.retrieval.books import load_books
 from experiments.results.questions import load_questions
 from experiments.results.row import rows_of
 from experiments.results.tracking import TABLE, mlflow

@@ -75,7 +75,7 @@ def test_adaptive_rounds_and_answer_feedback_in_the_browser(tmp_path: Path) -> N
     control stores the verdict with the request's decision record."""
     from playwright.sync_api import expect, sync_playwright
 
-    from caprag.decision_log import DecisionLog
+    from caprag.serve.decision_log import DecisionLog
 
     log = tmp_path / "decisions.db"
     env = {

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from caprag.retrieval.store import PassageIndex
 from caprag.state import GraphState
 from caprag.steps import rule_steps
-from caprag.store import PassageIndex
 from caprag.strategies import AdaptiveDepthStrategy
 from experiments.results.questions import QUESTIONS_DIR, load_questions
 from tests.fakes import ManualClock

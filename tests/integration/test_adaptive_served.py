@@ -10,9 +10,9 @@ import pytest
 from fastapi.testclient import TestClient
 from hydra import compose, initialize_config_dir
 
-from caprag.api import create_app
 from caprag.config import PROJECT_ROOT, load_settings
-from caprag.services import build_pipeline
+from caprag.serve.api import create_app
+from caprag.serve.services import build_pipeline
 from experiments.harness.run import run
 
 pytestmark = pytest.mark.slow

@@ -8,10 +8,10 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from caprag.api import create_app
-from caprag.services import Pipeline
+from caprag.retrieval.store import PassageIndex
+from caprag.serve.api import create_app
+from caprag.serve.services import Pipeline
 from caprag.steps import rule_steps
-from caprag.store import PassageIndex
 from caprag.strategies import MultiHopStrategy
 
 

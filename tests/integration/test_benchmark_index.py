@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from caprag.config import PROJECT_ROOT
-from caprag.store import PAGE_BOOST, PassageIndex, split_children
+from caprag.retrieval.store import PAGE_BOOST, PassageIndex, split_children
 from experiments.harness.benchmarks import load_benchmark
 from experiments.harness.build import build_index
 from experiments.harness.data import Dataset

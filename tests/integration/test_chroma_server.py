@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from caprag.books import load_books
-from caprag.chroma_server import ServerAddress, ServerLock, ServerPassageIndex, connect
 from caprag.config import PROJECT_ROOT
-from caprag.embeddings import Embedder, FloatArray, get_embedder
 from caprag.errors import ConfigError, VectorStoreError
+from caprag.retrieval.books import load_books
+from caprag.retrieval.chroma_server import ServerAddress, ServerLock, ServerPassageIndex, connect
+from caprag.retrieval.embeddings import Embedder, FloatArray, get_embedder
 from experiments.harness.build import build_index
 from experiments.harness.run import run
 from tests.chroma_server import chroma_server, free_port, ingest_cli
@@ -183,9 +183,9 @@ JOB = textwrap.dedent(
     """
     import json, sys, time
     from pathlib import Path
-    from caprag.books import load_books
-    from caprag.chroma_server import ServerPassageIndex, WallClock
-    from caprag.embeddings import get_embedder
+    from caprag.retrieval.books import load_books
+    from caprag.retrieval.chroma_server import ServerPassageIndex, WallClock
+    from caprag.retrieval.embeddings import get_embedder
 
     store, books, signals, me = sys.argv[1:5]
     signals = Path(signals)
@@ -386,7 +386,7 @@ def test_served_answers_come_from_the_server(server: str, tmp_path: Path) -> Non
 
 def test_unreachable_server_names_the_url_and_what_to_start() -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    for module in ("caprag.ingest", "caprag.api"):
+    for module in ("caprag.retrieval.ingest", "caprag.serve.api"):
         done = subprocess.run(
             [sys.executable, "-m", module],
             capture_output=True,

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from caprag.api import create_app
-from caprag.checkpoint import make_checkpointer
-from caprag.services import Pipeline
+from caprag.retrieval.store import PassageIndex
+from caprag.serve.api import create_app
+from caprag.serve.checkpoint import make_checkpointer
+from caprag.serve.services import Pipeline
 from caprag.steps import rule_steps
-from caprag.store import PassageIndex
 from caprag.strategies import SingleQueryStrategy
 from tests.reliability.test_serving import api
 

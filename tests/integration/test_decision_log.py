@@ -20,13 +20,13 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from caprag.api import create_app
 from caprag.config import PROJECT_ROOT
-from caprag.decision_log import DecisionLog, DecisionRecord, Round
-from caprag.services import Pipeline
+from caprag.retrieval.store import PassageIndex
+from caprag.serve.api import create_app
+from caprag.serve.decision_log import DecisionLog, DecisionRecord, Round
+from caprag.serve.services import Pipeline
 from caprag.steps import StepResult, rule_steps
 from caprag.steps.assess import ConfidenceAssessment
-from caprag.store import PassageIndex
 from caprag.strategies import AdaptiveDepthStrategy, MultiHopStrategy
 from tests.conftest import FIXTURE_BOOKS
 from tests.reliability.test_serving import api

@@ -13,8 +13,8 @@ import numpy as np
 import onnx
 import pytest
 
-from caprag.embeddings import MiniLMEmbedder, get_embedder, minilm_dir
-from caprag.onnx_minilm import build_minilm
+from caprag.retrieval.embeddings import MiniLMEmbedder, get_embedder, minilm_dir
+from caprag.retrieval.onnx_minilm import build_minilm
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "minilm_reference.npz"
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from caprag.books import load_books
-from caprag.embeddings import get_embedder
 from caprag.errors import BookFormatError, VectorStoreError
-from caprag.store import PassageIndex
+from caprag.retrieval.books import load_books
+from caprag.retrieval.embeddings import get_embedder
+from caprag.retrieval.store import PassageIndex
 from tests.conftest import FIXTURE_BOOKS
 
 
@@ -84,13 +84,15 @@ def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]
 def test_cli_errors_are_one_line_not_tracebacks(tmp_path: Path, books_dir: Path) -> None:
     (books_dir / "broken.md").write_text("---\ntitle: No id\n---\n")
     store = str(tmp_path / "store")
-    bad_book = run_cli("caprag.ingest", str(books_dir), env={"CAPRAG_CHROMA_DIR": store})
+    bad_book = run_cli("caprag.retrieval.ingest", str(books_dir), env={"CAPRAG_CHROMA_DIR": store})
     assert bad_book.returncode == 2
     assert "broken.md:3: front matter lacks required key(s) book_id" in bad_book.stderr
     (books_dir / "broken.md").unlink()
     blocker = tmp_path / "blocker"
     blocker.write_text("x")
-    bad_store = run_cli("caprag.ingest", str(books_dir), env={"CAPRAG_CHROMA_DIR": str(blocker)})
+    bad_store = run_cli(
+        "caprag.retrieval.ingest", str(books_dir), env={"CAPRAG_CHROMA_DIR": str(blocker)}
+    )
     assert bad_store.returncode == 2 and "is a file, not a folder" in bad_store.stderr
     empty = run_cli(
         "caprag", "ask", "   ", env={"CAPRAG_CHROMA_DIR": store, "CAPRAG_CORPUS": str(books_dir)}

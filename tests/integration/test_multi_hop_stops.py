@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from caprag.services import Pipeline
+from caprag.retrieval.store import PassageIndex
+from caprag.serve.services import Pipeline
 from caprag.steps import rule_steps
-from caprag.store import PassageIndex
 from caprag.strategies import MultiHopStrategy
 from experiments.results.questions import QUESTIONS_DIR, load_questions
 

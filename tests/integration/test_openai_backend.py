@@ -12,9 +12,9 @@ from caprag.config import load_settings
 from caprag.errors import MissingAPIKeyError, StructuredOutputError
 from caprag.llm import StepFailedError, build_openai_client
 from caprag.llm.budget import CHARS_PER_TOKEN, retry_cap
-from caprag.services import Pipeline, build_pipeline
+from caprag.retrieval.store import PassageIndex
+from caprag.serve.services import Pipeline, build_pipeline
 from caprag.steps.analyze import SufficiencyDecision
-from caprag.store import PassageIndex
 from caprag.strategies import MultiHopStrategy
 from experiments.perf.openai_stub import StubServer
 from tests.fakes import FLURRY as DOC
@@ -152,7 +152,7 @@ async def test_a_turn_whose_answer_is_unusable_keeps_its_retrieval(
 def test_the_api_says_why_a_turn_has_no_answer(fixture_index: PassageIndex) -> None:
     from fastapi.testclient import TestClient
 
-    from caprag.api import create_app
+    from caprag.serve.api import create_app
 
     replies = [{"args": {"sufficient": True, "new_queries": []}}]
     with StubServer(replies, default={"malformed": "{not json"}) as stub:

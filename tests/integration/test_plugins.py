@@ -17,8 +17,8 @@ import pytest
 
 from caprag.config import PROJECT_ROOT, load_settings
 from caprag.errors import ConfigError
-from caprag.retrievers import RETRIEVERS
-from caprag.services import build_pipeline
+from caprag.retrieval.retrievers import RETRIEVERS
+from caprag.serve.services import build_pipeline
 from caprag.strategies import STRATEGIES
 from experiments.harness.identity import retriever_label
 from experiments.harness.run import run

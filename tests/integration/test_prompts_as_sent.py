@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from caprag.api import create_app
 from caprag.config import load_settings
-from caprag.services import build_pipeline
+from caprag.serve.api import create_app
+from caprag.serve.services import build_pipeline
 from experiments.perf.openai_stub import StubServer
 from tests.fakes import serve
 

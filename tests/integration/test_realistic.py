@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from caprag.services import Pipeline
+from caprag.retrieval.store import PassageIndex
+from caprag.serve.services import Pipeline
 from caprag.state import GraphState
 from caprag.steps import rule_steps
-from caprag.store import PassageIndex
 from caprag.strategies import MultiHopStrategy, MultiQuestionStrategy, SingleQueryStrategy
 from experiments.results.questions import QUESTIONS_DIR, load_questions
 

@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from caprag.api import create_app
-from caprag.books import load_books
 from caprag.config import load_settings
-from caprag.deadline import TimedRetriever
-from caprag.hybrid import HybridIndex
-from caprag.lexical import BM25Index
+from caprag.retrieval.books import load_books
+from caprag.retrieval.hybrid import HybridIndex
+from caprag.retrieval.lexical import BM25Index
+from caprag.retrieval.store import PassageIndex
 from caprag.schemas import Document
-from caprag.services import build_pipeline
-from caprag.store import PassageIndex
+from caprag.serve.api import create_app
+from caprag.serve.deadline import TimedRetriever
+from caprag.serve.services import build_pipeline
 from caprag.strategies import STRATEGIES
 from experiments.harness.run import run
 from tests.conftest import FIXTURE_BOOKS

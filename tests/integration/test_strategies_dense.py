@@ -11,10 +11,10 @@ import socket
 
 import pytest
 
-from caprag.services import Pipeline
+from caprag.retrieval.store import PassageIndex
+from caprag.serve.services import Pipeline
 from caprag.state import GraphState
 from caprag.steps import rule_steps
-from caprag.store import PassageIndex
 from caprag.strategies import (
     STRATEGIES,
     AdaptiveDepthStrategy,

@@ -14,7 +14,7 @@ from mlflow.entities import Expectation, Feedback
 from mlflow.tracing.constant import SpanAttributeKey
 
 from caprag.schemas import CallUsage, Document, RetrievedRef
-from caprag.services import AskResult
+from caprag.serve.services import AskResult
 from caprag.steps.analyze import SufficiencyDecision
 from caprag.trace import HopTrace
 from experiments.results import traces

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from caprag.chroma_server import TIMEOUT_VARIABLE
 from caprag.errors import VectorStoreError
+from caprag.retrieval.chroma_server import TIMEOUT_VARIABLE
 from experiments.harness.build import build_index
 from tests.chroma_server import chroma_process, ingest_cli
 from tests.conftest import FIXTURE_BOOKS

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from caprag.decision_log import DecisionLog
+from caprag.serve.decision_log import DecisionLog
 from tests.reliability.test_cli import ask, index_dir  # noqa: F401  (the shared index fixture)
 
 CROSS_REF = "What penalty does the second attack of a Flurry suffer?"

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from caprag.api import create_app
-from caprag.decision_log import DecisionLog, DecisionRecord, Round
-from caprag.services import Pipeline
+from caprag.retrieval.store import PassageIndex
+from caprag.serve.api import create_app
+from caprag.serve.decision_log import DecisionLog, DecisionRecord, Round
+from caprag.serve.services import Pipeline
 from caprag.steps import rule_steps
-from caprag.store import PassageIndex
 from caprag.strategies import SingleQueryStrategy
 
 HANG_S = 600  # only catches a hang
@@ -112,7 +112,7 @@ def test_a_deleted_log_is_recreated(
 WRITER = textwrap.dedent(
     """
     import sys
-    from caprag.decision_log import DecisionLog, DecisionRecord, Round
+    from caprag.serve.decision_log import DecisionLog, DecisionRecord, Round
 
     log = DecisionLog(sys.argv[1])
     writer = sys.argv[2]

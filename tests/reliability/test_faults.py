@@ -25,9 +25,9 @@ import pytest
 from caprag.config import PROJECT_ROOT
 from caprag.errors import LLMCallError, LLMTimeoutError
 from caprag.llm import StepFailedError, build_openai_client
-from caprag.services import Pipeline
+from caprag.retrieval.store import PassageIndex
+from caprag.serve.services import Pipeline
 from caprag.steps.analyze import ANALYZE, SufficiencyDecision, prompt_values
-from caprag.store import PassageIndex
 from caprag.strategies import STRATEGIES
 from experiments.perf.openai_stub import StubServer
 from tests.conftest import FIXTURE_BOOKS, FIXTURE_QUESTIONS
@@ -220,9 +220,9 @@ def test_a_hung_endpoint_answers_504_from_the_api_within_the_configured_bound(
     """The probe: a hung endpoint held an API request 243 s (60 s x 4 attempts + backoff)."""
     from fastapi.testclient import TestClient
 
-    from caprag.api import create_app
     from caprag.config import load_settings
-    from caprag.services import steps_from_settings
+    from caprag.serve.api import create_app
+    from caprag.serve.services import steps_from_settings
 
     monkeypatch.setenv("OPENAI_API_KEY", "test-key")
     monkeypatch.setenv("CAPRAG_LLM_TIMEOUT_S", "0.5")

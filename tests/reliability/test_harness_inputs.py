@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 from caprag.config import PROJECT_ROOT, load_settings
 from caprag.errors import BookFormatError, CapragError, ConfigError
-from caprag.ingest import ingest_path
+from caprag.retrieval.ingest import ingest_path
 from experiments.harness.run import run
 from experiments.harness.settings import check_tracking_uri
 from experiments.results.questions import DatasetError

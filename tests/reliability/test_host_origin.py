@@ -13,11 +13,11 @@ import uuid
 import pytest
 from fastapi.testclient import TestClient
 
-from caprag.api import create_app, host_allowed, split_host
 from caprag.config import load_settings
-from caprag.services import Pipeline
+from caprag.retrieval.store import PassageIndex
+from caprag.serve.api import create_app, host_allowed, split_host
+from caprag.serve.services import Pipeline
 from caprag.steps import rule_steps
-from caprag.store import PassageIndex
 from caprag.strategies import SingleQueryStrategy
 
 PORT = 8765

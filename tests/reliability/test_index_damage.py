@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from caprag.books import Book, load_books
-from caprag.embeddings import get_embedder
-from caprag.hybrid import HybridIndex
-from caprag.lexical import BM25Index
-from caprag.store import PassageIndex
+from caprag.retrieval.books import Book, load_books
+from caprag.retrieval.embeddings import get_embedder
+from caprag.retrieval.hybrid import HybridIndex
+from caprag.retrieval.lexical import BM25Index
+from caprag.retrieval.store import PassageIndex
 from tests.conftest import FIXTURE_BOOKS
 
 QUERY = "How long does a torch burn?"

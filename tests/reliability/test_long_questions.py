@@ -16,15 +16,15 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from caprag.api import create_app
-from caprag.catalog import Catalog
 from caprag.config import BUNDLED_CORPUS
+from caprag.retrieval.catalog import Catalog
+from caprag.retrieval.store import PassageIndex
 from caprag.schemas import MAX_QUERY_CHARS, Document
-from caprag.services import MAX_QUESTION_CHARS, AskResult, Pipeline
+from caprag.serve.api import create_app
+from caprag.serve.services import MAX_QUESTION_CHARS, AskResult, Pipeline
 from caprag.steps import rule_steps
 from caprag.steps.analyze import MAX_REASONING_CHARS, RuleAnalyzer
 from caprag.steps.generate import MAX_ANSWER_CHARS
-from caprag.store import PassageIndex
 from caprag.strategies import STRATEGIES
 
 pytestmark = pytest.mark.slow

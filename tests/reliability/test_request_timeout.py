@@ -16,15 +16,15 @@ from typing import Any, TypeVar
 
 import pytest
 
-from caprag.api import create_app
 from caprag.clock import MonotonicClock
 from caprag.config import load_settings
-from caprag.decision_log import DecisionLog
+from caprag.retrieval.store import PassageIndex
 from caprag.schemas import Document
-from caprag.services import Pipeline
+from caprag.serve.api import create_app
+from caprag.serve.decision_log import DecisionLog
+from caprag.serve.services import Pipeline
 from caprag.steps import StepResult, rule_steps
 from caprag.steps.assess import ConfidenceAssessment
-from caprag.store import PassageIndex
 from caprag.strategies import AdaptiveDepthStrategy
 from tests.reliability.test_serving import api
 
@@ -282,7 +282,7 @@ def test_the_limit_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
 async def test_the_served_pipeline_takes_the_limit_from_the_settings(
     fixture_env: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from caprag.services import build_pipeline
+    from caprag.serve.services import build_pipeline
 
     monkeypatch.setenv("CAPRAG_REQUEST_TIMEOUT_S", "7")
     monkeypatch.setenv("CAPRAG_DECISION_LOG", str(fixture_env / "log.db"))

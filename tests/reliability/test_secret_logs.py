@@ -20,13 +20,13 @@ import mlflow
 import pytest
 from fastapi.testclient import TestClient
 
-from caprag.api import create_app
-from caprag.checkpoint import open_checkpointer
 from caprag.config import PROJECT_ROOT, load_settings
-from caprag.decision_log import DecisionLog
+from caprag.retrieval.store import PassageIndex
 from caprag.secrets import REDACTED, RedactingFilter, install_log_redaction
-from caprag.services import Pipeline, retention_from_settings, steps_from_settings
-from caprag.store import PassageIndex
+from caprag.serve.api import create_app
+from caprag.serve.checkpoint import open_checkpointer
+from caprag.serve.decision_log import DecisionLog
+from caprag.serve.services import Pipeline, retention_from_settings, steps_from_settings
 from caprag.strategies import STRATEGIES
 from experiments.perf.openai_stub import StubServer
 from tests.reliability.test_secrets import harness_command

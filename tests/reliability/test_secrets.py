@@ -18,11 +18,11 @@ import mlflow
 import pytest
 from fastapi.testclient import TestClient
 
-from caprag.api import create_app
 from caprag.config import PROJECT_ROOT, load_settings
+from caprag.retrieval.store import PassageIndex
 from caprag.secrets import REDACTED, redact, redact_config
-from caprag.services import Pipeline, steps_from_settings
-from caprag.store import PassageIndex
+from caprag.serve.api import create_app
+from caprag.serve.services import Pipeline, steps_from_settings
 from caprag.strategies import STRATEGIES
 from experiments.harness.journal import config_hash
 from experiments.perf.openai_stub import StubServer

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from caprag.__main__ import render
-from caprag.api import create_app
 from caprag.config import load_settings
-from caprag.decision_log import DecisionLog
-from caprag.services import Pipeline, served_limits
-from caprag.store import PassageIndex
+from caprag.retrieval.store import PassageIndex
+from caprag.serve.api import create_app
+from caprag.serve.decision_log import DecisionLog
+from caprag.serve.services import Pipeline, served_limits
 from caprag.strategies import STRATEGIES, MultiHopStrategy
 from experiments.perf.openai_stub import AUTO, Reply, StubServer
 from tests.fakes import openai_steps

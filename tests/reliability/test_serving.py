@@ -22,9 +22,13 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 
-from caprag import web
-from caprag.api import create_app
-from caprag.checkpoint import (
+from caprag.config import PROJECT_ROOT, load_settings
+from caprag.errors import ConfigError, EmptyQuestionError, LLMCallError, LLMTimeoutError
+from caprag.graph import HISTORY_PAIRS
+from caprag.retrieval.store import PassageIndex
+from caprag.serve import web
+from caprag.serve.api import create_app
+from caprag.serve.checkpoint import (
     BoundedSaver,
     Retention,
     bounded_memory,
@@ -32,13 +36,9 @@ from caprag.checkpoint import (
     make_checkpointer,
     open_checkpointer,
 )
-from caprag.config import PROJECT_ROOT, load_settings
-from caprag.errors import ConfigError, EmptyQuestionError, LLMCallError, LLMTimeoutError
-from caprag.graph import HISTORY_PAIRS
-from caprag.services import Pipeline, ThreadLocks, steps_from_settings, validate_question
+from caprag.serve.services import Pipeline, ThreadLocks, steps_from_settings, validate_question
 from caprag.steps import Steps, rule_steps
 from caprag.steps.generate import RuleGenerator
-from caprag.store import PassageIndex
 from caprag.strategies import SingleQueryStrategy
 from experiments.perf.servers import free_port, running
 from tests.conftest import FIXTURE_BOOKS
@@ -301,7 +301,7 @@ async def test_a_store_written_before_the_policy_is_compacted_on_opening(
     import aiosqlite
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
-    from caprag.checkpoint import serializer
+    from caprag.serve.checkpoint import serializer
 
     path = tmp_path / "old.db"
     async with aiosqlite.connect(path) as conn:

@@ -26,7 +26,7 @@ from tests.fakes import MemoryRetriever
 
 HEAVY_MODULES = (
     "chromadb",  # the vector store
-    "caprag.onnx_minilm",  # the MiniLM encoder's graph
+    "caprag.retrieval.onnx_minilm",  # the MiniLM encoder's graph
     "onnxruntime",  # ... and its runtime
     "wordllama",  # the WordLlama encoder
     "mlflow",  # tracking (a SQLite store, a server)

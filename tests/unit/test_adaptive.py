@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from caprag.schemas import Document
-from caprag.services import Pipeline
+from caprag.serve.services import Pipeline
 from caprag.state import GraphState
 from caprag.steps import rule_steps
 from caprag.steps.assess import WEIGHTS, ConfidenceAssessment, heuristic_confidence
@@ -171,7 +171,7 @@ def test_stop_rule_names_the_first_budget_reached() -> None:
 
 def test_adaptive_is_registered_and_selectable(monkeypatch: pytest.MonkeyPatch) -> None:
     from caprag.config import load_settings
-    from caprag.services import build_strategy, steps_from_settings
+    from caprag.serve.services import build_strategy, steps_from_settings
 
     assert STRATEGIES["adaptive"] is AdaptiveDepthStrategy
     monkeypatch.setenv("RETRIEVAL_STRATEGY", "adaptive")
@@ -400,7 +400,7 @@ async def test_rule_assess_is_the_free_heuristic(books: MemoryRetriever) -> None
 
 def test_powers_are_named_quick_balanced_deep_beside_their_numbers() -> None:
     from caprag.config import power_label
-    from caprag.web import power_control
+    from caprag.serve.web import power_control
 
     assert [power_label(p) for p in ("auto", 1, 2, 3, None)] == [
         "auto", "1 (quick)", "2 (balanced)", "3 (deep)", "",
@@ -413,8 +413,8 @@ def test_powers_are_named_quick_balanced_deep_beside_their_numbers() -> None:
 async def test_each_round_is_reported_live_before_the_next_search(
     books: MemoryRetriever,
 ) -> None:
-    from caprag.progress import LISTENER, RoundBoard
-    from caprag.web import live_rounds
+    from caprag.serve.progress import LISTENER, RoundBoard
+    from caprag.serve.web import live_rounds
 
     seen_at_search: list[int] = []
     board = RoundBoard()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from caprag.catalog import Catalog
+from caprag.retrieval.catalog import Catalog
 from caprag.schemas import Document
 from caprag.steps.analyze import decide, unresolved_references
 from caprag.text import Reference, entities, references

@@ -13,9 +13,9 @@ from hydra.utils import instantiate
 
 from caprag.config import PROJECT_ROOT, load_settings
 from caprag.llm.prompt import as_sent
-from caprag.roles import ROLES
+from caprag.registry import ROLES
 from caprag.schemas import Document
-from caprag.services import build_strategy, steps_from_settings
+from caprag.serve.services import build_strategy, steps_from_settings
 from caprag.state import GraphState
 from caprag.steps import Steps, rule_steps
 from caprag.steps.ask import ASK, next_turn, subjects

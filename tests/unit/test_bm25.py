@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from caprag.books import load_books
 from caprag.config import load_settings
 from caprag.errors import ConfigError
-from caprag.hybrid import MIN_DEPTH, FusedRetriever, fuse
-from caprag.lexical import BM25Index
+from caprag.retrieval.books import load_books
+from caprag.retrieval.hybrid import MIN_DEPTH, FusedRetriever, fuse
+from caprag.retrieval.lexical import BM25Index
 from caprag.schemas import Document
 from tests.conftest import FIXTURE_BOOKS
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from caprag.books import iter_citations, load_books, parse_book, slugify
 from caprag.errors import BookFormatError
+from caprag.retrieval.books import iter_citations, load_books, parse_book, slugify
 from tests.conftest import FIXTURE_BOOKS
 
 GOOD_HEAD = "---\nbook_id: demo\nshort: Demo\ntitle: Demo\nedition: 1\npublished: 2024-01-01\n---\n"

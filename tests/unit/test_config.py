@@ -6,7 +6,7 @@ import pytest
 
 from caprag.config import load_settings
 from caprag.errors import ConfigError, MissingAPIKeyError
-from caprag.services import build_strategy, steps_from_settings
+from caprag.serve.services import build_strategy, steps_from_settings
 from caprag.strategies import STRATEGIES, MultiHopStrategy, MultiQuestionStrategy
 from caprag.strategies.base import Retriever
 

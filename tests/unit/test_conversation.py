@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from caprag.checkpoint import make_checkpointer
 from caprag.errors import ConfigError
 from caprag.graph import HISTORY_PAIRS
-from caprag.services import Pipeline
+from caprag.serve.checkpoint import make_checkpointer
+from caprag.serve.services import Pipeline
 from caprag.steps import rule_steps
 from caprag.strategies import SingleQueryStrategy
 from tests.fakes import MemoryRetriever, ScriptedChatModel, scripted_steps

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from caprag.decision_log import DecisionRecord, Round
 from caprag.schemas import CallUsage
-from caprag.services import stop_reason
+from caprag.serve.decision_log import DecisionRecord, Round
+from caprag.serve.services import stop_reason
 from caprag.steps.analyze import SufficiencyDecision
 from caprag.trace import HopTrace
 

@@ -11,6 +11,7 @@ from tests import layering
 def test_this_checkout_imports_downward_only_and_has_no_circle() -> None:
     edges = layering.graph()
     assert [str(v) for v in layering.upward(edges)] == []
+    assert [str(v) for v in layering.against_rooms(edges)] == []
     assert layering.circles(edges) == []
 
 
@@ -41,7 +42,7 @@ def test_an_upward_and_a_sideways_import_are_found(tmp_path: Path) -> None:
     root = _tree(
         tmp_path,
         {
-            "caprag/api.py": "import experiments.results.row\n",
+            "caprag/serve/api.py": "import experiments.results.row\n",
             "experiments/results/__init__.py": "",
             "experiments/results/row.py": "from experiments.scoring import metrics\n",
             "experiments/scoring/__init__.py": "",
@@ -54,7 +55,48 @@ def test_an_upward_and_a_sideways_import_are_found(tmp_path: Path) -> None:
     )
     found = {(v.module, v.imported) for v in layering.upward(layering.graph(root))}
     assert found == {
-        ("caprag.api", "experiments.results.row"),
+        ("caprag.serve.api", "experiments.results.row"),
         ("experiments.results.row", "experiments.scoring.metrics"),
         ("experiments.cli.gate", "experiments.perf.bench"),
     }
+
+
+def test_an_import_against_each_room_rule_is_found(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "caprag/retrieval/__init__.py": "",
+            "caprag/retrieval/hybrid.py": "from caprag.strategies import Retriever\n",
+            "caprag/retrieval/store.py": "def serve():\n    from caprag.serve import api\n",
+            "caprag/strategies/__init__.py": "",
+            "caprag/strategies/adaptive.py": "from caprag.serve.progress import report\n",
+            "caprag/steps/__init__.py": "",
+            "caprag/steps/generate.py": "import caprag.serve.web\n",
+            "caprag/llm/__init__.py": "",
+            "caprag/llm/client.py": "from caprag.steps import Steps\n",
+            "caprag/serve/__init__.py": "",
+            "caprag/serve/api.py": "",
+            "caprag/serve/web.py": "",
+            "caprag/serve/progress.py": "from caprag.strategies import adaptive\n",
+        },
+    )
+    found = {(v.module, v.imported) for v in layering.against_rooms(layering.graph(root))}
+    assert found == {
+        ("caprag.retrieval.hybrid", "caprag.strategies"),
+        ("caprag.retrieval.store", "caprag.serve.api"),
+        ("caprag.strategies.adaptive", "caprag.serve.progress"),
+        ("caprag.steps.generate", "caprag.serve.web"),
+        ("caprag.llm.client", "caprag.steps"),
+    }
+
+
+def test_the_library_top_holds_at_most_twelve_modules() -> None:
+    """`caprag/`'s own modules, leaving out its face, `__main__` and shims (≤ 15 lines) that keep
+    a documented path (`python -m caprag.api`, `caprag.retrievers` for plug-ins)."""
+    top = [
+        path.name
+        for path in sorted((layering.ROOT / "caprag").glob("*.py"))
+        if path.name not in {"__init__.py", "__main__.py"}
+        and len(path.read_text(encoding="utf-8").splitlines()) > 15
+    ]
+    assert len(top) <= 12, top

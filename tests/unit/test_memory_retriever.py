@@ -3,7 +3,7 @@ and the catalogue the harness reads (parents, books, manifest)."""
 
 from __future__ import annotations
 
-from caprag.books import load_books
+from caprag.retrieval.books import load_books
 from tests.conftest import FIXTURE_BOOKS
 from tests.fakes import MemoryRetriever
 

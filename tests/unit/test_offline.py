@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from caprag.services import Pipeline
+from caprag.serve.services import Pipeline
 from caprag.steps import rule_steps
 from caprag.steps.generate import REFUSAL, extract_answer
 from caprag.steps.rewrite import rewrite_with_history

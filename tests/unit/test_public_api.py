@@ -52,7 +52,7 @@ def test_a_planted_request_payload_call_is_caught(tmp_path: Path) -> None:
             "imports langchain_openai.chat_models._client_utils",
         ),
         ("from experiments.harness.journal import _without\n", "imports _without from"),
-        ("from caprag.embeddings import _minilm_dir\n", "imports _minilm_dir from"),
+        ("from caprag.retrieval.embeddings import _minilm_dir\n", "imports _minilm_dir from"),
     ],
 )
 def test_each_forbidden_use_is_caught(tmp_path: Path, source: str, expected: str) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from caprag.schemas import Document
-from caprag.services import Pipeline
+from caprag.serve.services import Pipeline
 from caprag.steps import rule_steps
 from caprag.strategies import STRATEGIES
 from experiments.harness.data import Dataset, EvalCase

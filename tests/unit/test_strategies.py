@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from caprag.graph import build_graph
-from caprag.services import Pipeline
+from caprag.serve.services import Pipeline
 from caprag.state import GraphState
 from caprag.steps import rule_steps
 from caprag.steps.analyze import SufficiencyDecision

@@ -46,7 +46,13 @@ MODULES = (
 the adaptive report and the baseline use them)."""
 
 LIBRARY = ("caprag/**/*.py", "caprag/calibrations/*.yaml")
-SERVING_ONLY = ("caprag/api.py", "caprag/web.py", "caprag/__main__.py", "caprag/static/**")
+SERVING_ONLY = (
+    "caprag/serve/api.py",
+    "caprag/serve/web.py",
+    "caprag/api.py",
+    "caprag/__main__.py",
+    "caprag/serve/static/**",
+)
 """Modules that only serve answers (HTTP, page, shell): no report number depends on them."""
 HARNESS = (
     "experiments/__init__.py",

@@ -17,13 +17,13 @@ from typing import Any
 
 import streamlit as st
 
-from caprag.checkpoint import make_checkpointer
 from caprag.config import Settings, load_settings
 from caprag.errors import CapragError
-from caprag.plugins import load_plugins
-from caprag.retrievers import RETRIEVERS
+from caprag.registry import load_plugins
+from caprag.retrieval.retrievers import RETRIEVERS
 from caprag.schemas import Document
-from caprag.services import AskResult, Pipeline, build_pipeline, retention_from_settings
+from caprag.serve.checkpoint import make_checkpointer
+from caprag.serve.services import AskResult, Pipeline, build_pipeline, retention_from_settings
 from caprag.steps import CHOICES, ROLES
 from caprag.strategies import STRATEGIES
 from caprag.trace import HopTrace

@@ -10,8 +10,8 @@ import pandas as pd
 import streamlit as st
 
 from caprag.config import load_settings
-from caprag.decision_log import DecisionLog, DecisionRecord
 from caprag.errors import CapragError
+from caprag.serve.decision_log import DecisionLog, DecisionRecord
 
 LIMIT = 1000
 FEEDBACK: dict[str, Literal["any", "enough", "not_enough", "none"]] = {

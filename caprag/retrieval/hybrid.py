@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from caprag.books import Book
-from caprag.catalog import Cataloged
-from caprag.lexical import BM25Index
+from caprag.retrieval.base import Retriever
+from caprag.retrieval.books import Book
+from caprag.retrieval.catalog import Cataloged
+from caprag.retrieval.lexical import BM25Index
+from caprag.retrieval.store import IngestReport, PassageIndex
 from caprag.schemas import Document
-from caprag.store import IngestReport, PassageIndex
-from caprag.strategies import Retriever
 
 RRF_K = 60
 """The constant of reciprocal-rank fusion (Cormack et al. 2009): 1 / (RRF_K + rank)."""

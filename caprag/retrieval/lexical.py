@@ -18,10 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from caprag.books import Book
 from caprag.errors import VectorStoreError
-from caprag.schemas import Document
-from caprag.store import (
+from caprag.retrieval.books import Book
+from caprag.retrieval.store import (
     PAGE_BOOST,
     IndexDamageError,
     IngestReport,
@@ -35,6 +34,7 @@ from caprag.store import (
     split_citation,
     write_json,
 )
+from caprag.schemas import Document
 
 CURRENT = "current.json"
 """Names the folder of the index in use and the corpus signature it was built from."""

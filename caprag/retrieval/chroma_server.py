@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from caprag.books import Book
-from caprag.embeddings import Embedder
 from caprag.errors import ConfigError, VectorStoreError
+from caprag.retrieval.books import Book
+from caprag.retrieval.embeddings import Embedder
+from caprag.retrieval.store import CHILD_CHARS, IngestReport, PassageIndex
 from caprag.schemas import Document
-from caprag.store import CHILD_CHARS, IngestReport, PassageIndex
 
 log = logging.getLogger(__name__)
 

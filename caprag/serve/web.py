@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from html import escape
 
 from caprag.config import PowerChoice, power_label
-from caprag.conversation import Turn
-from caprag.decision_log import DecisionRecord, Feedback, Round
 from caprag.schemas import Source
-from caprag.services import AskResult
+from caprag.serve.conversation import Turn
+from caprag.serve.decision_log import DecisionRecord, Feedback, Round
+from caprag.serve.services import AskResult
 
 HTMX = "/static/vendor/htmx-2.0.11.min.js"
 

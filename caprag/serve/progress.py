@@ -1,8 +1,8 @@
 """Live progress of a turn: each retrieval round, reported the moment it is decided.
 
-A strategy calls `report(hop)` after deciding a round; whoever started the turn may listen by
-setting `LISTENER` for it (a context variable, so concurrent turns never see each other's
-rounds). The chat page does: it names a progress id with its question and polls
+A strategy calls `caprag.trace.report_round(hop)` after deciding a round; whoever started the
+turn may listen by setting `LISTENER` for it (a context variable, so concurrent turns never see
+each other's rounds). The chat page does: it names a progress id with its question and polls
 `GET /chat/progress/{id}` while the answer is being made, so each adaptive round (depth,
 confidence, "going deeper…") shows while it runs, not after the answer.
 """
@@ -11,21 +11,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from contextvars import ContextVar
 
-from caprag.decision_log import Round
-from caprag.trace import HopTrace
+from caprag.serve.decision_log import Round
+from caprag.trace import ROUND_LISTENER, HopTrace
 
-LISTENER: ContextVar[Callable[[Round], None] | None] = ContextVar("caprag_rounds", default=None)
-"""Called with a snapshot of every round the current turn decides (None: nobody listens)."""
-
-
-def report(hop: HopTrace) -> None:
-    """Tell the turn's listener, if any, about a round just decided (as the decision log keeps
-    it: a snapshot, so later changes to the hop do not show)."""
-    listener = LISTENER.get()
-    if listener is not None:
-        listener(Round.model_validate(hop, from_attributes=True))
+LISTENER = ROUND_LISTENER
+"""Called with every round the current turn decides (None: nobody listens)."""
 
 
 class RoundBoard:
@@ -36,17 +27,18 @@ class RoundBoard:
         self.keep = keep
         self._rounds: OrderedDict[str, list[Round]] = OrderedDict()
 
-    def listener(self, progress_id: str) -> Callable[[Round], None]:
-        """A listener that records the turn's rounds under its id (the turn starts empty)."""
+    def listener(self, progress_id: str) -> Callable[[HopTrace], None]:
+        """A listener that records the turn's rounds under its id (the turn starts empty), each
+        as the decision log keeps it: a snapshot, so later changes to the hop do not show."""
         self._rounds[progress_id] = []
         self._rounds.move_to_end(progress_id)
         while len(self._rounds) > self.keep:
             self._rounds.popitem(last=False)
 
-        def add(round_: Round) -> None:
+        def add(hop: HopTrace) -> None:
             kept = self._rounds.get(progress_id)
             if kept is not None:
-                kept.append(round_)
+                kept.append(Round.model_validate(hop, from_attributes=True))
 
         return add
 

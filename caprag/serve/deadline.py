@@ -20,9 +20,9 @@ from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from caprag.clock import Clock, MonotonicClock
-from caprag.decision_log import StepTime
 from caprag.errors import CapragError
 from caprag.schemas import Document
+from caprag.serve.decision_log import StepTime
 from caprag.steps import ROLES, Steps
 
 T = TypeVar("T")

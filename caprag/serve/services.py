@@ -16,17 +16,22 @@ from langchain_core.messages import AnyMessage, HumanMessage
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from pydantic import BaseModel, Field
 
-from caprag.checkpoint import (
+from caprag.clock import Clock
+from caprag.config import PowerChoice, Settings, load_settings
+from caprag.errors import CapragError, EmptyQuestionError
+from caprag.graph import HISTORY_PAIRS, build_graph
+from caprag.llm import StructuredClient
+from caprag.llm.usage import total_cost
+from caprag.schemas import MAX_QUESTION_CHARS, CallUsage, Document, Source
+from caprag.serve.checkpoint import (
     Retention,
     close_checkpointer,
     expired,
     make_checkpointer,
     open_checkpointer,
 )
-from caprag.clock import Clock
-from caprag.config import PowerChoice, Settings, load_settings
-from caprag.conversation import Turn, turns
-from caprag.deadline import (
+from caprag.serve.conversation import Turn, turns
+from caprag.serve.deadline import (
     CURRENT,
     Deadline,
     RequestTimeoutError,
@@ -34,7 +39,7 @@ from caprag.deadline import (
     timed_retriever,
     timed_steps,
 )
-from caprag.decision_log import (
+from caprag.serve.decision_log import (
     DecisionLog,
     DecisionRecord,
     Feedback,
@@ -43,11 +48,6 @@ from caprag.decision_log import (
     Status,
     now_iso,
 )
-from caprag.errors import CapragError, EmptyQuestionError
-from caprag.graph import HISTORY_PAIRS, build_graph
-from caprag.llm import StructuredClient
-from caprag.llm.usage import total_cost
-from caprag.schemas import MAX_QUESTION_CHARS, CallUsage, Document, Source
 from caprag.state import GraphState
 from caprag.steps import ROLES, Steps, build_steps
 from caprag.strategies import STRATEGIES, RetrievalStrategy, Retriever
@@ -632,7 +632,7 @@ def build_pipeline(
     and graph from settings. The conversation store is opened by `Pipeline.open()` (or the first
     turn), in the event loop that will use it; a given `checkpointer` is used instead (pipelines
     sharing one continue each other's threads)."""
-    from caprag.ingest import ingest_path, open_retriever
+    from caprag.retrieval.ingest import ingest_path, open_retriever
 
     settings = settings or load_settings()
     steps = steps_from_settings(settings)

@@ -18,9 +18,9 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 from tqdm import tqdm
 
-from caprag.books import Book, Passage, iter_citations
-from caprag.embeddings import Embedder
 from caprag.errors import VectorStoreError
+from caprag.retrieval.books import Book, Passage, iter_citations
+from caprag.retrieval.embeddings import Embedder
 from caprag.schemas import Document
 
 CHILD_CHARS = 420
