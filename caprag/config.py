@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     AliasChoices,
@@ -16,9 +19,9 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from caprag.calibration import DEFAULT_CALIBRATION
+from caprag.calibration import DEFAULT_CALIBRATION, calibration_names
 from caprag.errors import ConfigError, MissingAPIKeyError
-from caprag.registry import ROLES, load_plugins
+from caprag.registry import ROLES, check_known, load_plugins
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 BUNDLED_CORPUS = PROJECT_ROOT / "datasets" / "books"
@@ -28,6 +31,66 @@ StructuredMethod = Literal["function_calling", "json_schema", "json_mode"]
 StepChoice = Literal["auto", "rule", "llm"]
 PowerChoice = Literal["auto", 1, 2, 3]
 """Adaptive depth of a served turn: automatic, or forced to depth 1, 2 or 3."""
+CHECKPOINTER_KINDS = ("memory", "sqlite")
+"""Where conversations are kept: `memory`, or `sqlite:PATH` (`caprag.serve.checkpoint`)."""
+SCHEMES = ("http", "https")
+NAMESPACE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]*$")
+
+
+def check_spec(spec: str) -> tuple[str, str]:
+    """The kind and target of a checkpointer spec; ConfigError naming the choices if unknown."""
+    kind, _, target = spec.partition(":")
+    if kind not in CHECKPOINTER_KINDS:
+        allowed = ", ".join(f"{k}{':PATH' if k == 'sqlite' else ''}" for k in CHECKPOINTER_KINDS)
+        raise ConfigError(f"unknown checkpointer {spec!r}; allowed: {allowed}")
+    if kind == "sqlite" and not target:
+        raise ConfigError("CAPRAG_CHECKPOINTER=sqlite:PATH needs a file path, e.g. sqlite:chat.db")
+    return kind, target
+
+
+@dataclass(frozen=True)
+class ServerAddress:
+    """Where a Chroma server is and which namespace (collection-name prefix) a store uses
+    (CAPRAG_CHROMA_URL; `caprag.retrieval.chroma_server` connects to it)."""
+
+    url: str
+    host: str
+    port: int
+    ssl: bool
+    namespace: str
+
+    @classmethod
+    def parse(cls, url: str) -> ServerAddress:
+        """Read `http(s)://HOST:PORT[/NAMESPACE[/MORE]]`; ConfigError naming what is wrong."""
+        parts = urlsplit(url)
+        if parts.scheme.lower() not in SCHEMES or not parts.hostname:
+            raise ConfigError(f"Chroma server {url!r}: expected http://HOST:PORT[/NAMESPACE]")
+        try:
+            port = parts.port or (443 if parts.scheme.lower() == "https" else 8000)
+        except ValueError:
+            raise ConfigError(f"Chroma server {url!r}: the port is not a number") from None
+        segments = [s for s in parts.path.split("/") if s]
+        for segment in segments:
+            if not NAMESPACE.match(segment):
+                raise ConfigError(
+                    f"Chroma server {url!r}: namespace {segment!r} may only hold letters, digits,"
+                    " '.', '_' and '-'"
+                )
+        return cls(url, parts.hostname, port, parts.scheme.lower() == "https", ".".join(segments))
+
+    def collection(self, name: str) -> str:
+        """The server-side name of one of this store's collections."""
+        return f"{self.namespace}.{name}" if self.namespace else name
+
+    def start_hint(self) -> str:
+        """What to run so that this address answers."""
+        return (
+            f"start one with `chroma run --path DIR --host {self.host} --port {self.port}` (the "
+            "`chroma` command comes with the chromadb package), or point retriever.index.store / "
+            "CAPRAG_CHROMA_URL at a running server"
+        )
+
+
 POWER_LABELS: dict[int, str] = {1: "quick", 2: "balanced", 3: "deep"}
 """What each forced power is called beside its number, on the page, the CLI and the dashboard."""
 
@@ -229,23 +292,17 @@ class SettingsFields(BaseSettings):
     @field_validator("retrieval_strategy")
     @classmethod
     def _registered_strategy(cls, value: str) -> str:
-        from caprag.strategies import STRATEGIES
-
-        return STRATEGIES.check(value)
+        return check_known("strategy", value)
 
     @field_validator("retriever")
     @classmethod
     def _registered_retriever(cls, value: str) -> str:
-        from caprag.retrieval.retrievers import RETRIEVERS
-
-        return RETRIEVERS.check(value)
+        return check_known("retriever", value)
 
     @field_validator("embedding")
     @classmethod
     def _registered_embedding(cls, value: str) -> str:
-        from caprag.retrieval.embeddings import EMBEDDERS
-
-        return EMBEDDERS.check(value)
+        return check_known("embedding model", value)
 
     @field_validator("request_timeout_s", mode="before")
     @classmethod
@@ -280,8 +337,6 @@ class SettingsFields(BaseSettings):
     @field_validator("calibration")
     @classmethod
     def _known_calibration(cls, value: str) -> str:
-        from caprag.calibration import calibration_names
-
         if value not in calibration_names():
             raise ValueError(f"use one of {', '.join(calibration_names())}")
         return value
@@ -291,8 +346,6 @@ class SettingsFields(BaseSettings):
     def _server_url(cls, value: str | None) -> str | None:
         if not value:
             return None
-        from caprag.retrieval.chroma_server import ServerAddress
-
         try:
             ServerAddress.parse(value)
         except ConfigError as exc:
@@ -307,8 +360,6 @@ class SettingsFields(BaseSettings):
     @field_validator("checkpointer")
     @classmethod
     def _known_checkpointer(cls, value: str) -> str:
-        from caprag.serve.checkpoint import check_spec
-
         try:
             check_spec(value)
         except ConfigError as exc:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TypeVar
 
 from caprag.errors import ConfigError
@@ -36,6 +36,23 @@ ROLES: dict[str, str] = {
     "asker": "ask",
 }
 """The name a user chooses an implementation by (Hydra key, CAPRAG_<NAME> variable) → its step."""
+
+BUILT_IN: dict[str, tuple[str, ...]] = {
+    "strategy": (
+        "single",
+        "multi-question",
+        "multi-hop",
+        "adaptive",
+        "ircot",
+        "self-ask",
+        "iter-retgen",
+    ),
+    "retriever": ("dense", "bm25", "hybrid"),
+    "embedding model": ("minilm", "wordllama"),
+}
+"""The built-in names of each registry, for the settings to check a name against without
+importing the modules that register them (the strategies load LangGraph and the LLM client).
+`tests/unit/test_registry.py` holds it against the registries themselves."""
 
 PLUGINS_ENV = "CAPRAG_PLUGINS"
 """Comma-separated module names to import at start-up."""
@@ -111,8 +128,7 @@ class Registry(Mapping[str, T]):
 
     def allowed(self) -> str:
         """The registered names as a message lists them: 'a', 'b' or 'c' (sorted)."""
-        names = [repr(name) for name in sorted(self._entries)]
-        return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+        return listed(self._entries)
 
     def check(self, name: str) -> str:
         """`name` when it is registered, else ValueError naming the allowed values (what a
@@ -132,6 +148,31 @@ class Registry(Mapping[str, T]):
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}: {', '.join(self._entries)})"
+
+
+def known(kind: str) -> list[str]:
+    """Every name of a kind: the built-in ones and what any registry of that kind holds now
+    (plug-ins register when imported), in that order."""
+    names = list(BUILT_IN.get(kind, ()))
+    for registry in _REGISTRIES:
+        if registry.kind == kind:
+            names += [name for name in registry if name not in names]
+    return names
+
+
+def check_known(kind: str, name: str) -> str:
+    """`name` when it is a known name of `kind` (`known`), else ValueError naming the allowed
+    ones (what a pydantic validator raises: the settings report it beside the variable)."""
+    names = known(kind)
+    if name not in names:
+        raise ValueError(f"Input should be {listed(names)}")
+    return name
+
+
+def listed(names: Iterable[str]) -> str:
+    """Names as a message lists them: 'a', 'b' or 'c' (sorted)."""
+    quoted = [repr(name) for name in sorted(names)]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
 
 
 def plugin_modules(spec: str | None = None) -> list[str]:

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-
-from caprag.retrieval.books import iter_citations
 
 STOPWORDS = frozenset(
     """a about above after again against all am an and any are as at be because been before being
@@ -177,3 +176,17 @@ def references(text: str) -> list[Reference]:
         if reference not in found:
             found.append(reference)
     return found
+
+
+CITATION = re.compile(
+    r"\(\s*(?:see\s+)?([A-Z][\w' -]{1,40}?),\s*p\.\s*(\d+)\s*\)"
+    r"|[Ss]ee\s+([A-Z][\w' -]{1,40}?),\s*p\.\s*(\d+)"
+)
+
+
+def iter_citations(text: str) -> Iterable[tuple[str, int, int]]:
+    """Yield (book short name, page, offset) of each '(Short, p. N)' or 'see Short, p. N'."""
+    for match in CITATION.finditer(text):
+        short = match.group(1) or match.group(3)
+        page = match.group(2) or match.group(4)
+        yield short.strip(), int(page), match.start()

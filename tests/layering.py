@@ -12,9 +12,11 @@ and lower floors; two rooms on one floor do not import each other):
     0  caprag (the library: never imports experiments)
 
 Inside the library, the rooms of `caprag/` (DESIGN.md, docs/development.md) keep these rules
-(`ROOM_RULES`): the retrieval room (`caprag.retrieval`) imports neither the strategies, the steps,
-the LLM client, the pipeline nor serving (`caprag.serve`); the strategies, the steps and the LLM
-client never import serving.
+(`ROOM_RULES`): the core (settings, registries, errors, schemas, clock, secrets, text,
+calibrations) imports nothing else of the library (the settings check names through the
+registries' catalogue of built-in names); the retrieval room (`caprag.retrieval`) imports neither
+the strategies, the steps, the LLM client, the pipeline nor serving (`caprag.serve`); the
+strategies, the steps and the LLM client never import serving.
 
 `python -m tests.layering` prints the violations of this checkout (exit 1 when there are any).
 """
@@ -38,7 +40,29 @@ FLOORS: dict[str, int] = {
     "experiments.perf": 4,
     "experiments.<shim>": 5,
 }
+CORE = (
+    "caprag.config",
+    "caprag.registry",
+    "caprag.errors",
+    "caprag.schemas",
+    "caprag.clock",
+    "caprag.secrets",
+    "caprag.text",
+    "caprag.calibration",
+)
+"""The library's core: every other room may import it; it imports none of them."""
+ABOVE_CORE = (
+    "caprag.retrieval",
+    "caprag.llm",
+    "caprag.steps",
+    "caprag.strategies",
+    "caprag.trace",
+    "caprag.state",
+    "caprag.graph",
+    "caprag.serve",
+)
 ROOM_RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    *((core, ABOVE_CORE, "the core imports nothing above it") for core in CORE),
     (
         "caprag.retrieval",
         (

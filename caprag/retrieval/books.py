@@ -7,11 +7,11 @@ import datetime as dt
 import hashlib
 import re
 import sys
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from caprag.errors import BookFormatError, CapragError
+from caprag.text import iter_citations
 
 REQUIRED_META = ("book_id", "short", "title", "edition", "published")
 PAGE_MARKER = re.compile(r"^<!--\s*page\s+(\d+)\s*-->\s*$")
@@ -255,20 +255,6 @@ def load_books(path: Path | str) -> list[Book]:
             )
         owners[book.meta.book_id] = book.path
     return books
-
-
-CITATION = re.compile(
-    r"\(\s*(?:see\s+)?([A-Z][\w' -]{1,40}?),\s*p\.\s*(\d+)\s*\)"
-    r"|[Ss]ee\s+([A-Z][\w' -]{1,40}?),\s*p\.\s*(\d+)"
-)
-
-
-def iter_citations(text: str) -> Iterable[tuple[str, int, int]]:
-    """Yield (book short name, page, offset) of each '(Short, p. N)' or 'see Short, p. N'."""
-    for match in CITATION.finditer(text):
-        short = match.group(1) or match.group(3)
-        page = match.group(2) or match.group(4)
-        yield short.strip(), int(page), match.start()
 
 
 def main(argv: list[str] | None = None) -> int:

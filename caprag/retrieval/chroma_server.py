@@ -13,18 +13,16 @@ import copy
 import json
 import logging
 import os
-import re
 import socket
 import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import urlsplit
 
+from caprag.config import SCHEMES, ServerAddress
 from caprag.errors import ConfigError, VectorStoreError
 from caprag.retrieval.books import Book
 from caprag.retrieval.embeddings import Embedder
@@ -33,8 +31,6 @@ from caprag.schemas import Document
 
 log = logging.getLogger(__name__)
 
-SCHEMES = ("http", "https")
-NAMESPACE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]*$")
 LOCK_TTL_S = 60.0
 """A lease not renewed for this long is stale: its holder died or stalled, and it is taken over."""
 LOCK_WAIT_S = 4 * 3600.0
@@ -134,48 +130,6 @@ def store_child(store: str | Path, name: str) -> str:
     if is_server_url(store):
         return f"{str(store).rstrip('/')}/{name}"
     return str(Path(store) / name)
-
-
-@dataclass(frozen=True)
-class ServerAddress:
-    """Where a Chroma server is and which namespace (collection-name prefix) a store uses."""
-
-    url: str
-    host: str
-    port: int
-    ssl: bool
-    namespace: str
-
-    @classmethod
-    def parse(cls, url: str) -> ServerAddress:
-        """Read `http(s)://HOST:PORT[/NAMESPACE[/MORE]]`; ConfigError naming what is wrong."""
-        parts = urlsplit(url)
-        if parts.scheme.lower() not in SCHEMES or not parts.hostname:
-            raise ConfigError(f"Chroma server {url!r}: expected http://HOST:PORT[/NAMESPACE]")
-        try:
-            port = parts.port or (443 if parts.scheme.lower() == "https" else 8000)
-        except ValueError:
-            raise ConfigError(f"Chroma server {url!r}: the port is not a number") from None
-        segments = [s for s in parts.path.split("/") if s]
-        for segment in segments:
-            if not NAMESPACE.match(segment):
-                raise ConfigError(
-                    f"Chroma server {url!r}: namespace {segment!r} may only hold letters, digits,"
-                    " '.', '_' and '-'"
-                )
-        return cls(url, parts.hostname, port, parts.scheme.lower() == "https", ".".join(segments))
-
-    def collection(self, name: str) -> str:
-        """The server-side name of one of this store's collections."""
-        return f"{self.namespace}.{name}" if self.namespace else name
-
-    def start_hint(self) -> str:
-        """What to run so that this address answers."""
-        return (
-            f"start one with `chroma run --path DIR --host {self.host} --port {self.port}` (the "
-            "`chroma` command comes with the chromadb package), or point retriever.index.store / "
-            "CAPRAG_CHROMA_URL at a running server"
-        )
 
 
 def connect(address: ServerAddress, timeout_s: float | None = None) -> Any:

@@ -19,9 +19,10 @@ from pydantic import ValidationError
 from tqdm import tqdm
 
 from caprag.errors import VectorStoreError
-from caprag.retrieval.books import Book, Passage, iter_citations
+from caprag.retrieval.books import Book, Passage
 from caprag.retrieval.embeddings import Embedder
 from caprag.schemas import Document
+from caprag.text import iter_citations
 
 CHILD_CHARS = 420
 INGEST_BATCH = 32

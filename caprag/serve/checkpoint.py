@@ -39,6 +39,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
+from caprag.config import check_spec
 from caprag.errors import ConfigError
 
 CHECKPOINT_TYPES = [
@@ -410,17 +411,6 @@ CHECKPOINTERS: dict[str, Callable[[str, Retention], BaseCheckpointSaver[Any]]] =
     "memory": _memory,
     "sqlite": _sqlite,
 }
-
-
-def check_spec(spec: str) -> tuple[str, str]:
-    """The kind and target of a checkpointer spec; ConfigError naming the choices if unknown."""
-    kind, _, target = spec.partition(":")
-    if kind not in CHECKPOINTERS:
-        allowed = ", ".join(f"{k}{':PATH' if k == 'sqlite' else ''}" for k in CHECKPOINTERS)
-        raise ConfigError(f"unknown checkpointer {spec!r}; allowed: {allowed}")
-    if kind == "sqlite" and not target:
-        raise ConfigError("CAPRAG_CHECKPOINTER=sqlite:PATH needs a file path, e.g. sqlite:chat.db")
-    return kind, target
 
 
 def make_checkpointer(

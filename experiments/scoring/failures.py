@@ -43,9 +43,9 @@ from pathlib import Path
 import pandas as pd
 
 from caprag.errors import CapragError
-from caprag.retrieval.books import Book, iter_citations, load_books
+from caprag.retrieval.books import Book, load_books
 from caprag.serve.services import stop_reason
-from caprag.text import terms
+from caprag.text import iter_citations, terms
 from caprag.trace import HopTrace
 from experiments.results.row import PassageInfo, QuestionRow, rows_of
 
