@@ -78,7 +78,7 @@ ROOM_RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ),
     ("caprag.strategies", ("caprag.serve",), "strategies never import serving"),
     ("caprag.steps", ("caprag.serve", "caprag.strategies"), "steps never import serving"),
-    ("caprag.llm", ("caprag.serve", "caprag.strategies", "caprag.steps"), "the LLM client is below"),
+    ("caprag.llm", ("caprag.serve", "caprag.strategies", "caprag.steps"), "the client is lower"),
 )
 """(room, what it may not import, why) inside the library."""
 PACKAGE_FACE = "experiments"
@@ -252,7 +252,8 @@ def main() -> int:
     edges = graph()
     problems = [str(v) for v in [*upward(edges), *against_rooms(edges)]]
     problems += ["circle: " + " -> ".join(c) for c in circles(edges)]
-    print("\n".join(problems) or f"layering: {len(edges)} modules, no upward import, none against a room, no circle")
+    clean = f"layering: {len(edges)} modules, no upward import, none against a room, no circle"
+    print("\n".join(problems) or clean)
     return 1 if problems else 0
 
 

@@ -66,6 +66,12 @@ class RunResult:
     """Seconds from the first question asked to the last one answered (scored and journaled)."""
     recording_s: float = 0.0
     """Seconds after the last answer until the run was recorded: results, traces, count-back."""
+    results_s: float = 0.0
+    """Of that, logging the results and the table to MLflow."""
+    traces_wait_s: float = 0.0
+    """Of that, waiting for the trace writer to write what was left of the run's traces."""
+    count_back_s: float = 0.0
+    """Of that, counting the run's traces back from the store (and writing any shortfall)."""
     traces_missing: str = ""
     """What the count-back found missing and could not write again (empty: every trace is in)."""
 
@@ -400,12 +406,15 @@ def _log(
 
     if trace_writer is not None:
         trace_writer.finish()
+    start = time.monotonic()
     with hooks.phase("mlflow_results"):
         tracking.log_results(result.rows, result.aggregates, result.summary)
+    result.results_s = time.monotonic() - start
     written = 0
     with hooks.phase("mlflow_traces"):
         if trace_writer is not None:
             counted = trace_writer.close(result.rows)
+            result.traces_wait_s, result.count_back_s = counted.waited_s, counted.seconds
             written = counted.expected - len(counted.missing)
             if not counted.complete:
                 result.traces_missing = counted.line()
@@ -415,13 +424,19 @@ def _log(
 
 
 def time_split(result: RunResult) -> str:
-    """Where the run's time went, in one line: answering, then recording after the last answer."""
+    """Where the run's time went, in one line: answering, then recording after the last answer
+    (the results; with traces, the wait for the writer's last ones and their count-back)."""
     questions = len(result.rows)
     rate = f", {questions / result.answering_s:.0f} q/s" if result.answering_s > 0 else ""
-    traced = f", {result.traces} traces" if result.traces else ""
+    parts = f"results {result.results_s:.1f} s"
+    if result.traces:
+        parts += (
+            f"; {result.traces} traces: {result.traces_wait_s:.1f} s for the writer's last ones, "
+            f"{result.count_back_s:.1f} s to count them back"
+        )
     return (
         f"time: answering {result.answering_s:.1f} s ({questions} questions{rate}); "
-        f"recording {result.recording_s:.1f} s after the last answer (results{traced})"
+        f"recording {result.recording_s:.1f} s after the last answer ({parts})"
     )
 
 

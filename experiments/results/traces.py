@@ -677,6 +677,10 @@ class CountBack:
     """How many traces fall short, by what: 'no trace', 'spans', 'assessments'."""
     extra: list[str] = field(default_factory=list)
     """Ids of second traces of a case (a rewrite whose delete did not land)."""
+    waited_s: float = 0.0
+    """Seconds the run waited for the writer before counting back (`TraceWriter.close`)."""
+    seconds: float = 0.0
+    """Seconds the count-back took, with any repair (`TraceWriter.close`)."""
 
     @property
     def complete(self) -> bool:
@@ -934,14 +938,18 @@ class TraceWriter:
         next run; any other ends), showing the export's progress; then count back the run's
         traces against `rows` and write again what falls short. Returns the count back (what
         could not be repaired is in it)."""
+        start = time.monotonic()
         if self.keep and not self._stopped:
             if not self.drain():
                 self.stop()  # it is gone: reap it and say how it ended
         else:
             self.stop()
         if self.target is None or not rows:
-            return CountBack()
-        return repair(self.target, rows)
+            return CountBack(waited_s=time.monotonic() - start)
+        counted = time.monotonic()
+        found = repair(self.target, rows)
+        found.waited_s, found.seconds = counted - start, time.monotonic() - counted
+        return found
 
     def drain(self) -> bool:
         """Have a kept writer write everything sent so far and wait until it has (a bar shows
