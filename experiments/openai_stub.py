@@ -1,11 +1,11 @@
 """`python -m experiments.openai_stub`: a local OpenAI-protocol server for tests and benchmarks.
 
-A shim that keeps the command; the code is `experiments.perf.openai_stub`.
+A shim that keeps the command; the code is `experiments.support.openai_stub`.
 """
 
 import sys
 
-from experiments.perf.openai_stub import main
+from experiments.support.openai_stub import main
 
 __all__ = ["main"]
 

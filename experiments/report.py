@@ -1,11 +1,11 @@
 """`python -m experiments.report`: a Markdown report of runs.
 
-A shim that keeps the command; the code is `experiments.cli.report`.
+A shim that keeps the command; the code is `experiments.cli.runs_report`.
 """
 
 import sys
 
-from experiments.cli.report import main
+from experiments.cli.runs_report import main
 
 __all__ = ["main"]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.perf.servers import free_port, running
+from experiments.support.servers import free_port, running
 
 __all__ = [
     "START_DEADLINE_S",

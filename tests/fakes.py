@@ -1,5 +1,5 @@
 """Test doubles: a scripted chat model, an in-memory retriever, steps that hang or lag, a manual
-clock, and `serve` for the OpenAI-protocol stub (experiments.perf.openai_stub) in a fixture."""
+clock, and `serve` for the OpenAI-protocol stub (experiments.support.openai_stub) in a fixture."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from caprag.schemas import Document
 from caprag.steps import Steps, build_steps, rule_steps
 from caprag.steps.analyze import RuleAnalyzer
 from caprag.steps.generate import RuleGenerator
-from experiments.perf.openai_stub import AUTO, Reply, StubServer
+from experiments.support.openai_stub import AUTO, Reply, StubServer
 from tests.conftest import FIXTURE_BOOKS
 
 FLURRY = Document(

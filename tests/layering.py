@@ -8,7 +8,8 @@ and lower floors; two rooms on one floor do not import each other):
     4  experiments.cli, experiments.dashboard, experiments.perf
     3  experiments.harness
     2  experiments.scoring
-    1  experiments.results
+    1  experiments.results, experiments.support (the stub, servers and fakes the tests and the
+       benchmarks share)
     0  caprag (the library: never imports experiments)
 
 Inside the library, the rooms of `caprag/` (DESIGN.md, docs/development.md) keep these rules
@@ -33,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FLOORS: dict[str, int] = {
     "caprag": 0,
     "experiments.results": 1,
+    "experiments.support": 1,
     "experiments.scoring": 2,
     "experiments.harness": 3,
     "experiments.cli": 4,

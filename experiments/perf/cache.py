@@ -26,7 +26,7 @@ from experiments.perf.harness_bench import (
     openai_overrides,
     stub_run,
 )
-from experiments.perf.servers import openai_stub
+from experiments.support.servers import openai_stub
 
 
 def measure(
@@ -88,7 +88,7 @@ def section(
     )
     verdict = "pass" if met else "**miss**"
     markdown = (
-        f"`llm=openai` against `experiments.perf.openai_stub` in its own process with "
+        f"`llm=openai` against `experiments.support.openai_stub` in its own process with "
         f"{latency_s * 1e3:.0f} ms per call, `strategy=multi-hop`, `retriever=wordllama`, "
         f"{questions} questions of `dataset=curated`, `experiment.concurrency={concurrency}`, "
         "`experiment.cache=true` with a fresh `paths.cache` file. Evaluation = `Evaluator.run` "

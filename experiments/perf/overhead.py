@@ -24,10 +24,10 @@ from experiments.perf.harness_bench import (
     base_overrides,
     compose_cfg,
     environment,
-    instant_steps,
     process_cpu_s,
     timed_run,
 )
+from experiments.support.fakes import instant_steps
 
 TRACES_TARGET = 1.10
 """A run with traces may take at most this multiple of the same run without them."""

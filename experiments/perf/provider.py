@@ -1,10 +1,10 @@
 """`make bench` section `provider`: the harness against a provider's latency, not a 200 ms stub.
 
-The OpenAI-protocol stub (experiments.perf.openai_stub, `--provider`) answers each request after a
-lognormal wait (p50 0.8 s, p95 3 s), each draw a function of the request's messages (so traces-on
-and traces-off runs meet the same latencies), and every 50th request (2 %) at once with a 429 and
-`Retry-After: 1`. Multi-hop with `llm=openai` (the LLM response cache off) runs N questions at C in
-flight, with MLflow traces on and off.
+The OpenAI-protocol stub (experiments.support.openai_stub, `--provider`) answers each request
+after a lognormal wait (p50 0.8 s, p95 3 s), each draw a function of the request's messages (so
+traces-on and traces-off runs meet the same latencies), and every 50th request (2 %) at once with
+a 429 and `Retry-After: 1`. Multi-hop with `llm=openai` (the LLM response cache off) runs N
+questions at C in flight, with MLflow traces on and off.
 
 The latency-bound ideal is what the run would take if the harness cost nothing: each question's
 calls take what the stub drew for them (the 429's `Retry-After` included), one after another, and
@@ -32,8 +32,8 @@ from typing import Any
 import httpx
 
 from experiments.perf.harness_bench import CONF, QUIET_ENV, environment, process_cpu_s
-from experiments.perf.openai_stub import request_key
-from experiments.perf.servers import openai_stub
+from experiments.support.openai_stub import request_key
+from experiments.support.servers import openai_stub
 
 RUNS: tuple[tuple[int, int], ...] = ((96, 16), (96, 64), (384, 16), (384, 64))
 """(questions, in flight) measured by the section."""

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 
 from caprag.config import BUNDLED_CORPUS, PROJECT_ROOT
-from experiments.perf.servers import free_port
+from experiments.support.servers import free_port
 
 RUNS = 5
 HANG_S = 600.0

@@ -246,7 +246,7 @@ def _share(value: float | None) -> str:
 
 
 def markdown(result: OracleResult) -> str:
-    """The oracle section's tables and a sentence reading them (for `experiments.cli.report`);
+    """The oracle section's tables and a sentence reading them (for `experiments.cli.runs_report`);
     names, units and numbers as the metrics' registry entries write them."""
     cost, quality = registry.get(result.cost), registry.get(result.quality)
     best = result.best_single()

@@ -8,7 +8,7 @@ from typing import Protocol
 from caprag.serve.services import AskResult
 from experiments.results.questions import GoldQuestion
 from experiments.results.row import MAX_HOPS_REPORTED
-from experiments.scoring import metrics
+from experiments.scoring import measures
 
 Scores = tuple[dict[str, float], dict[str, str]]
 """Values computed, and a reason for each metric that could not be."""
@@ -39,13 +39,13 @@ def score_retrieval(turn: GoldQuestion, result: AskResult, k: int) -> Scores:
     context = [doc.passage_id for doc in result.context]
     gold = turn.gold_passages
     hops = [[ref.passage_id for ref in hop.documents] for hop in result.hops]
-    curve = metrics.cumulative_recall(hops, gold, MAX_HOPS_REPORTED)
+    curve = measures.cumulative_recall(hops, gold, MAX_HOPS_REPORTED)
     values = {
-        "recall_at_k": metrics.recall_at_k(context, gold, k),
-        "precision_at_k": metrics.precision_at_k(context, gold, k),
-        "mrr": metrics.reciprocal_rank(context, gold),
-        "all_gold_at_k": float(metrics.recall_at_k(context, gold, k) == 1.0),
-        "context_recall": metrics.recall_at_k(context, gold, len(context) or 1),
+        "recall_at_k": measures.recall_at_k(context, gold, k),
+        "precision_at_k": measures.precision_at_k(context, gold, k),
+        "mrr": measures.reciprocal_rank(context, gold),
+        "all_gold_at_k": float(measures.recall_at_k(context, gold, k) == 1.0),
+        "context_recall": measures.recall_at_k(context, gold, len(context) or 1),
     }
     values.update({f"recall_hop{h}": v for h, v in enumerate(curve, start=1)})
     retrieved = {pid for hop in hops for pid in hop}
@@ -81,7 +81,7 @@ def score_answer(turn: GoldQuestion, result: AskResult) -> Scores:
     if result.answer_error:
         names = ("exact_match", "f1", "false_refusal", "correct_refusal")
         return {}, {name: result.answer_error for name in names}
-    refused = metrics.is_refusal(result.answer)
+    refused = measures.is_refusal(result.answer)
     if not turn.gold_passages:
         reason = "unanswerable question has no gold answer"
         return {"correct_refusal": float(refused)}, {
@@ -92,8 +92,8 @@ def score_answer(turn: GoldQuestion, result: AskResult) -> Scores:
     golds = [turn.answer, *turn.answer_aliases]  # SQuAD scores against the best gold answer
     return (
         {
-            "exact_match": max(metrics.exact_match(result.answer, g) for g in golds),
-            "f1": max(metrics.token_f1(result.answer, g) for g in golds),
+            "exact_match": max(measures.exact_match(result.answer, g) for g in golds),
+            "f1": max(measures.token_f1(result.answer, g) for g in golds),
             "false_refusal": float(refused),
         },
         {"correct_refusal": "question is answerable"},

@@ -14,7 +14,7 @@ import pytest
 from playwright.sync_api import Browser, Locator, Page, expect
 
 from caprag.config import PROJECT_ROOT
-from experiments.perf.servers import free_port, running
+from experiments.support.servers import free_port, running
 from tests.conftest import FIXTURE_BOOKS
 from tests.dashboard.conftest import Store
 

@@ -16,7 +16,7 @@ from caprag.retrieval.store import PassageIndex
 from caprag.serve.services import Pipeline, build_pipeline
 from caprag.steps.analyze import SufficiencyDecision
 from caprag.strategies import MultiHopStrategy
-from experiments.perf.openai_stub import StubServer
+from experiments.support.openai_stub import StubServer
 from tests.fakes import FLURRY as DOC
 from tests.fakes import openai_steps
 

@@ -19,7 +19,7 @@ from caprag.steps.analyze import SufficiencyDecision
 from caprag.steps.assess import ConfidenceAssessment
 from caprag.steps.classify import QueryClass
 from caprag.steps.generate import GeneratedAnswer
-from experiments.perf.openai_stub import StubServer, fill, fill_schema
+from experiments.support.openai_stub import StubServer, fill, fill_schema
 from tests.fakes import openai_steps, serve
 
 HANG_S = 600  # only catches a hang; every request here is answered at once or on purpose never

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from caprag.config import load_settings
 from caprag.serve.api import create_app
 from caprag.serve.services import build_pipeline
-from experiments.perf.openai_stub import StubServer
+from experiments.support.openai_stub import StubServer
 from tests.fakes import serve
 
 PLACEHOLDER = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")

@@ -8,7 +8,7 @@ import statistics
 import urllib.error
 import urllib.request
 
-from experiments.perf.openai_stub import Faults, LatencyProfile, StubServer
+from experiments.support.openai_stub import Faults, LatencyProfile, StubServer
 
 
 def test_the_profile_draws_its_p50_and_p95() -> None:

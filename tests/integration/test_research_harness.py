@@ -17,8 +17,8 @@ from omegaconf import DictConfig
 from caprag.config import PROJECT_ROOT
 from experiments.harness.journal import Journal, config_hash
 from experiments.harness.run import run
-from experiments.perf.openai_stub import StubServer
 from experiments.results.row import QuestionRow, rows_of
+from experiments.support.openai_stub import StubServer
 from tests.conftest import FIXTURE_BOOKS
 from tests.integration.test_harness import FIXTURE_QUESTIONS, make_cfg
 

@@ -13,8 +13,8 @@ from experiments.harness import reuse
 from experiments.harness.data import EvalCase
 from experiments.harness.reuse import RowCache, code_fingerprint
 from experiments.harness.run import run
-from experiments.perf.openai_stub import StubServer
 from experiments.results.row import QuestionRow
+from experiments.support.openai_stub import StubServer
 from tests.conftest import FIXTURE_BOOKS
 from tests.integration.test_harness import FIXTURE_QUESTIONS, make_cfg
 

@@ -23,7 +23,7 @@ from experiments.harness import workers
 from experiments.harness.journal import Journal
 from experiments.harness.run import run
 from experiments.harness.workers import WorkerError, WorkerPool
-from experiments.perf.openai_stub import StubServer
+from experiments.support.openai_stub import StubServer
 from tests.conftest import FIXTURE_BOOKS, FIXTURE_QUESTIONS
 
 CONF = PROJECT_ROOT / "conf"

@@ -29,7 +29,7 @@ from caprag.retrieval.store import PassageIndex
 from caprag.serve.services import Pipeline
 from caprag.steps.analyze import ANALYZE, SufficiencyDecision, prompt_values
 from caprag.strategies import STRATEGIES
-from experiments.perf.openai_stub import StubServer
+from experiments.support.openai_stub import StubServer
 from tests.conftest import FIXTURE_BOOKS, FIXTURE_QUESTIONS
 from tests.fakes import openai_steps
 

@@ -20,9 +20,9 @@ import pytest
 
 from caprag.config import PROJECT_ROOT
 from experiments.perf.cluster_demo import mlflow_server, running
-from experiments.perf.openai_stub import StubServer
-from experiments.perf.servers import free_port
 from experiments.results import tracking
+from experiments.support.openai_stub import StubServer
+from experiments.support.servers import free_port
 from tests.conftest import FIXTURE_BOOKS, FIXTURE_QUESTIONS
 
 HANG_S = 600  # only catches a hang

@@ -28,7 +28,7 @@ from caprag.serve.checkpoint import open_checkpointer
 from caprag.serve.decision_log import DecisionLog
 from caprag.serve.services import Pipeline, retention_from_settings, steps_from_settings
 from caprag.strategies import STRATEGIES
-from experiments.perf.openai_stub import StubServer
+from experiments.support.openai_stub import StubServer
 from tests.reliability.test_secrets import harness_command
 
 CANARY = "canary-9d41b7e2c0a35f18"  # not shaped like a provider key: found by its variable

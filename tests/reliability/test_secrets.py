@@ -25,7 +25,7 @@ from caprag.serve.api import create_app
 from caprag.serve.services import Pipeline, steps_from_settings
 from caprag.strategies import STRATEGIES
 from experiments.harness.journal import config_hash
-from experiments.perf.openai_stub import StubServer
+from experiments.support.openai_stub import StubServer
 from tests.conftest import FIXTURE_BOOKS, FIXTURE_QUESTIONS
 
 CANARY = "canary-7f3a9c1e5d2b4a60"  # not shaped like a provider key: found by its variable

@@ -22,7 +22,7 @@ from caprag.serve.api import create_app
 from caprag.serve.decision_log import DecisionLog
 from caprag.serve.services import Pipeline, served_limits
 from caprag.strategies import STRATEGIES, MultiHopStrategy
-from experiments.perf.openai_stub import AUTO, Reply, StubServer
+from experiments.support.openai_stub import AUTO, Reply, StubServer
 from tests.fakes import openai_steps
 from tests.reliability.test_request_timeout import AlarmClock, settle
 from tests.reliability.test_serving import api

@@ -40,7 +40,7 @@ from caprag.serve.services import Pipeline, ThreadLocks, steps_from_settings, va
 from caprag.steps import Steps, rule_steps
 from caprag.steps.generate import RuleGenerator
 from caprag.strategies import SingleQueryStrategy
-from experiments.perf.servers import free_port, running
+from experiments.support.servers import free_port, running
 from tests.conftest import FIXTURE_BOOKS
 from tests.fakes import ManualClock
 

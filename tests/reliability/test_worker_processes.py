@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from caprag.config import PROJECT_ROOT
-from experiments.perf.openai_stub import StubServer
+from experiments.support.openai_stub import StubServer
 from tests.conftest import FIXTURE_BOOKS, FIXTURE_QUESTIONS, sigint_as_in_a_terminal
 
 DEADLINE_S = 600.0  # only catches a hang

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from caprag.schemas import Document
-from experiments.perf.harness_bench import instant_steps
+from experiments.support.fakes import instant_steps
 
 
 async def test_instant_llm_gives_valid_replies_and_no_usage() -> None:

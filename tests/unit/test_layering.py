@@ -44,9 +44,9 @@ def test_an_upward_and_a_sideways_import_are_found(tmp_path: Path) -> None:
         {
             "caprag/serve/api.py": "import experiments.results.row\n",
             "experiments/results/__init__.py": "",
-            "experiments/results/row.py": "from experiments.scoring import metrics\n",
+            "experiments/results/row.py": "from experiments.scoring import measures\n",
             "experiments/scoring/__init__.py": "",
-            "experiments/scoring/metrics.py": "from experiments.results.row import Row\n",
+            "experiments/scoring/measures.py": "from experiments.results.row import Row\n",
             "experiments/cli/__init__.py": "",
             "experiments/cli/gate.py": "from experiments.perf import bench\n",
             "experiments/perf/__init__.py": "",
@@ -56,7 +56,7 @@ def test_an_upward_and_a_sideways_import_are_found(tmp_path: Path) -> None:
     found = {(v.module, v.imported) for v in layering.upward(layering.graph(root))}
     assert found == {
         ("caprag.serve.api", "experiments.results.row"),
-        ("experiments.results.row", "experiments.scoring.metrics"),
+        ("experiments.results.row", "experiments.scoring.measures"),
         ("experiments.cli.gate", "experiments.perf.bench"),
     }
 

@@ -6,35 +6,35 @@ import pytest
 
 from experiments.results.aggregate import aggregate, percentile
 from experiments.results.row import QuestionRow
-from experiments.scoring import metrics
+from experiments.scoring import measures
 
 
 def test_squad_normalisation_and_f1() -> None:
-    assert metrics.exact_match("The 12 MP.", "12 mp") == 1.0
-    assert metrics.exact_match("12 MP [talents/arcane-aptitude]", "12 MP") == 1.0
-    assert metrics.token_f1("it costs 12 MP", "12 MP") == pytest.approx(2 * 0.5 * 1 / 1.5)
-    assert metrics.token_f1("nothing here", "12 MP") == 0.0
+    assert measures.exact_match("The 12 MP.", "12 mp") == 1.0
+    assert measures.exact_match("12 MP [talents/arcane-aptitude]", "12 MP") == 1.0
+    assert measures.token_f1("it costs 12 MP", "12 MP") == pytest.approx(2 * 0.5 * 1 / 1.5)
+    assert measures.token_f1("nothing here", "12 MP") == 0.0
 
 
 def test_retrieval_metrics() -> None:
     retrieved = ["a", "b", "c", "d"]
-    assert metrics.recall_at_k(retrieved, ["c", "z"], 3) == 0.5
-    assert metrics.recall_at_k(retrieved, ["c", "z"], 2) == 0.0
-    assert metrics.precision_at_k(retrieved, ["c"], 4) == 0.25
-    assert metrics.reciprocal_rank(retrieved, ["c", "b"]) == 0.5
-    assert metrics.reciprocal_rank(retrieved, ["z"]) == 0.0
+    assert measures.recall_at_k(retrieved, ["c", "z"], 3) == 0.5
+    assert measures.recall_at_k(retrieved, ["c", "z"], 2) == 0.0
+    assert measures.precision_at_k(retrieved, ["c"], 4) == 0.25
+    assert measures.reciprocal_rank(retrieved, ["c", "b"]) == 0.5
+    assert measures.reciprocal_rank(retrieved, ["z"]) == 0.0
 
 
 def test_cumulative_recall_shows_what_each_hop_added() -> None:
     hops = [["a", "x"], ["b"]]
-    assert metrics.cumulative_recall(hops, ["a", "b", "c"], 3) == pytest.approx(
+    assert measures.cumulative_recall(hops, ["a", "b", "c"], 3) == pytest.approx(
         [1 / 3, 2 / 3, 2 / 3]
     )
 
 
 def test_refusal_detection() -> None:
-    assert metrics.is_refusal("The rulebooks do not say.")
-    assert not metrics.is_refusal("It costs 12 MP.")
+    assert measures.is_refusal("The rulebooks do not say.")
+    assert not measures.is_refusal("It costs 12 MP.")
 
 
 def row(

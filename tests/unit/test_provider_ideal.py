@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from experiments.perf.openai_stub import request_key
 from experiments.perf.provider import ideal_s
+from experiments.support.openai_stub import request_key
 
 
 @dataclass
