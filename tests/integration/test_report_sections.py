@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.cli import report
+from experiments.cli import runs_report
 from experiments.results.runs import LoadedRun
 
 
@@ -30,7 +30,9 @@ def test_report_has_the_oracle_and_baseline_sections(tmp_path: Path) -> None:
     single = run("s1", "single", [1.0, 0.0, 1.0, 0.0], [1000, 1000, 1000, 1000])
     hop = run("h1", "multi-hop", [1.0, 1.0, 1.0, 1.0], [3000, 3000, 3000, 3000])
     before = run("h0", "multi-hop", [1.0, 1.0, 1.0, 0.5], [4000, 4000, 4000, 4000])
-    text = report.write_report([single, hop], "sections", baseline=before, out=tmp_path).read_text()
+    text = runs_report.write_report(
+        [single, hop], "sections", baseline=before, out=tmp_path
+    ).read_text()
     assert "--baseline h0`" in text
     oracle = text.split("## Oracle routing (ceiling)")[1].split("## Paired")[0]
     # easy questions go to single (1,000 tokens), hard ones to multi-hop (3,000)
@@ -43,4 +45,4 @@ def test_report_has_the_oracle_and_baseline_sections(tmp_path: Path) -> None:
 
 def test_one_run_gets_no_oracle_section(tmp_path: Path) -> None:
     only = run("s1", "single", [1.0, 0.0], [1000, 1000])
-    assert "Oracle routing" not in report.write_report([only], "one", out=tmp_path).read_text()
+    assert "Oracle routing" not in runs_report.write_report([only], "one", out=tmp_path).read_text()

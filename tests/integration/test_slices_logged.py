@@ -10,7 +10,7 @@ import mlflow
 import pytest
 from mlflow.utils.validation import validate_param_and_metric_name
 
-from experiments.cli import report, summary
+from experiments.cli import runs_report, summary
 from experiments.harness.run import run
 from experiments.results.slices import metric_name
 from tests.integration.test_harness import make_cfg
@@ -89,7 +89,7 @@ def test_report_and_summary_break_runs_down(
 ) -> None:
     uri, ids, _ = logged
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    assert report.main([*ids, "--name", "slices", "--out", str(tmp_path)]) == 0
+    assert runs_report.main([*ids, "--name", "slices", "--out", str(tmp_path)]) == 0
     text = (tmp_path / "slices.md").read_text()
     assert "## By question set" in text and "## By question type" in text
     assert "## By gold hops" in text
