@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -17,9 +17,8 @@ from pydantic import (
     model_validator,
 )
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from caprag.calibration import DEFAULT_CALIBRATION, calibration_names
 from caprag.errors import ConfigError, MissingAPIKeyError
 from caprag.registry import ROLES, check_known, load_plugins
 
@@ -179,14 +178,6 @@ class SettingsFields(BaseSettings):
         "(embeddings), bm25 (lexical), hybrid (the two fused by RRF), or one a plugin adds.",
     )
     k: int = Field(8, ge=1, le=100, validation_alias=AliasChoices("CAPRAG_K", "k"))
-    max_hops: int = Field(
-        3, ge=1, le=10, validation_alias=AliasChoices("CAPRAG_MAX_HOPS", "max_hops")
-    )
-    expand_first_hop: bool = Field(
-        False,
-        validation_alias=AliasChoices("CAPRAG_EXPAND_FIRST_HOP", "expand_first_hop"),
-        description="Multi-hop searches the question's expansion beside it on its first hop.",
-    )
     checkpointer: str = Field(
         "memory",
         validation_alias=AliasChoices("CAPRAG_CHECKPOINTER", "checkpointer"),
@@ -258,25 +249,6 @@ class SettingsFields(BaseSettings):
         validation_alias=AliasChoices("CAPRAG_POWER", "power"),
         description="Adaptive depth when a request chooses none: auto, or a fixed depth 1-3.",
     )
-    depth_chunks: Annotated[list[int], NoDecode] = Field(
-        [5, 15, 30],
-        min_length=1,
-        max_length=3,
-        validation_alias=AliasChoices("CAPRAG_DEPTH_CHUNKS", "depth_chunks"),
-        description="Adaptive ladder: passages per depth, comma-separated (e.g. 5,15,30).",
-    )
-    calibration: str = Field(
-        DEFAULT_CALIBRATION,
-        validation_alias=AliasChoices("CAPRAG_CALIBRATION", "calibration"),
-        description="Adaptive's confidence model: a saved calibration by name (caprag/"
-        "calibrations/), or none for the weighted heuristic; the harness uses the same files.",
-    )
-    adaptive_clock: Literal["searches", "wall"] = Field(
-        "searches",
-        validation_alias=AliasChoices("CAPRAG_ADAPTIVE_CLOCK", "adaptive_clock"),
-        description="What adaptive's timeout budget counts: searches (each deeper search costs "
-        "1 s, as in the harness, so a turn decides the same on any machine) or wall seconds.",
-    )
     links: Literal["citations", "names"] = Field(
         "citations",
         validation_alias=AliasChoices("CAPRAG_LINKS", "links"),
@@ -323,23 +295,6 @@ class SettingsFields(BaseSettings):
     def _power_number(cls, value: Any) -> Any:
         text = str(value).strip().lower()
         return int(text) if text.isdigit() else text
-
-    @field_validator("depth_chunks", mode="before")
-    @classmethod
-    def _chunk_list(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            parts = [p.strip() for p in value.replace(",", " ").split()]
-            if not all(p.isdigit() and int(p) > 0 for p in parts):
-                raise ValueError("expected 1 to 3 positive whole numbers such as 5,15,30")
-            return [int(p) for p in parts]
-        return value
-
-    @field_validator("calibration")
-    @classmethod
-    def _known_calibration(cls, value: str) -> str:
-        if value not in calibration_names():
-            raise ValueError(f"use one of {', '.join(calibration_names())}")
-        return value
 
     @field_validator("chroma_url")
     @classmethod

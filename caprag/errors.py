@@ -13,6 +13,11 @@ class ConfigError(CapragError):
     """A setting is missing or has a value outside what is allowed."""
 
 
+class OptionError(ConfigError, ValueError):
+    """A strategy's option has a value outside what it allows (a ValueError too: what the
+    strategies' constructors raised before their options had a model)."""
+
+
 class MissingAPIKeyError(ConfigError):
     """The OpenAI-compatible backend was chosen but no API key is set."""
 

@@ -5,6 +5,7 @@ from omegaconf import OmegaConf
 
 from caprag import disable_telemetry
 from caprag.config import PROJECT_ROOT
+from caprag.options import BUILT_IN
 from caprag.registry import ROLES, load_plugins
 
 disable_telemetry()
@@ -13,4 +14,6 @@ OmegaConf.register_new_resolver(
 )
 ConfigStore.instance().store(name="step_roles", node={role: "auto" for role in ROLES})
 """conf/config.yaml's top-level `<role>: auto` keys (expander=, analyzer=, ...), one per role."""
+for _name, _options in BUILT_IN.items():  # conf/strategy/NAME.yaml's defaults: the model's
+    ConfigStore.instance().store(group="strategy_options", name=_name, node=_options.node())
 load_plugins()  # CAPRAG_PLUGINS: registered before any config is composed or page drawn

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import caprag  # noqa: F401  (sets the telemetry opt-outs)
+from caprag.options import BUILT_IN
 from caprag.retrieval.books import load_books
 from caprag.retrieval.embeddings import get_embedder
 from caprag.retrieval.store import PassageIndex
@@ -54,6 +55,10 @@ ENV_KEYS = [
     "CAPRAG_POWER",
     "CAPRAG_DEPTH_CHUNKS",
     "CAPRAG_PLUGINS",
+    "CAPRAG_EXPAND_FIRST_HOP",
+    "CAPRAG_CALIBRATION",
+    "CAPRAG_ADAPTIVE_CLOCK",
+    *(options.env_name(option) for options in BUILT_IN.values() for option in options.model_fields),
 ]
 TEST_REQUEST_TIMEOUT_S = "600"
 """The serving time limit in tests (5 s by default): only a hang guard, so a busy machine never

@@ -14,10 +14,10 @@ and lower floors; two rooms on one floor do not import each other):
 
 Inside the library, the rooms of `caprag/` (DESIGN.md, docs/development.md) keep these rules
 (`ROOM_RULES`): the core (settings, registries, errors, schemas, clock, secrets, text,
-calibrations) imports nothing else of the library (the settings check names through the
-registries' catalogue of built-in names); the retrieval room (`caprag.retrieval`) imports neither
-the strategies, the steps, the LLM client, the pipeline nor serving (`caprag.serve`); the
-strategies, the steps and the LLM client never import serving.
+calibrations, the strategies' option models) imports nothing else of the library (the settings
+check names through the registries' catalogue of built-in names); the retrieval room
+(`caprag.retrieval`) imports neither the strategies, the steps, the LLM client, the pipeline nor
+serving (`caprag.serve`); the strategies, the steps and the LLM client never import serving.
 
 `python -m tests.layering` prints the violations of this checkout (exit 1 when there are any).
 """
@@ -51,6 +51,7 @@ CORE = (
     "caprag.secrets",
     "caprag.text",
     "caprag.calibration",
+    "caprag.options",
 )
 """The library's core: every other room may import it; it imports none of them."""
 ABOVE_CORE = (

@@ -524,9 +524,15 @@ def create_app(pipeline: Pipeline | None = None, settings: Settings | None = Non
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        """Liveness and which pipeline is serving."""
+        """Liveness and which pipeline is serving: its strategy with the options it serves."""
         current = state["pipeline"]
-        return {"status": "ok", "strategy": current.strategy.name, "llm": current.steps.backend}
+        options = current.strategy.options.model_dump(mode="json", fallback=repr)
+        return {
+            "status": "ok",
+            "strategy": current.strategy.name,
+            "options": options,
+            "llm": current.steps.backend,
+        }
 
     return app
 

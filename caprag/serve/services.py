@@ -208,9 +208,9 @@ def build_strategy(
     name: str, retriever: Retriever, steps: Steps, settings: Settings
 ) -> RetrievalStrategy:
     """The registered strategy the name selects, with its dependencies passed in and the
-    options it takes from the settings (its `served_options`)."""
+    options the environment sets for it (its `served_options`: `CAPRAG_<STRATEGY>_<OPTION>`)."""
     cls = STRATEGIES.choose(name)
-    return cls(retriever, steps, k=settings.k, **cls.served_options(settings))
+    return cls(retriever, steps, k=settings.k, **cls.served_options())
 
 
 class _Holders:
@@ -635,6 +635,9 @@ def build_pipeline(
     from caprag.retrieval.ingest import ingest_path, open_retriever
 
     settings = settings or load_settings()
+    STRATEGIES.choose(
+        settings.retrieval_strategy
+    ).served_options()  # a bad option: before the index
     steps = steps_from_settings(settings)
     index = open_retriever(settings)
     if ingest:

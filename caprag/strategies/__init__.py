@@ -9,7 +9,7 @@ from typing import TypeVar
 
 from caprag.registry import Registry
 from caprag.strategies.adaptive import AdaptiveDepthStrategy
-from caprag.strategies.base import DocumentPool, RetrievalStrategy, Retriever, ServedSettings
+from caprag.strategies.base import DocumentPool, RetrievalStrategy, Retriever
 from caprag.strategies.ircot import IRCoTStrategy
 from caprag.strategies.iter_retgen import IterRetGenStrategy
 from caprag.strategies.multi_hop import MultiHopStrategy
@@ -50,7 +50,6 @@ __all__ = [
     "RetrievalStrategy",
     "Retriever",
     "SelfAskStrategy",
-    "ServedSettings",
     "SingleQueryStrategy",
     "register_strategy",
 ]

@@ -5,14 +5,20 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar, get_args
 
 from caprag.calibration import DEFAULT_CALIBRATION, Calibration, load_calibration
 from caprag.clock import Clock, MonotonicClock
 from caprag.llm.prompt import format_passages
 from caprag.llm.usage import count_tokens
+from caprag.options import (
+    DEFAULT_PROFILES,
+    AdaptiveOptions,
+    ClockChoice,
+    QueryProfile,
+)
 from caprag.retrieval.catalog import Catalog
 from caprag.schemas import CallUsage, Document, Question, RetrievedRef
 from caprag.state import GraphState
@@ -23,30 +29,12 @@ from caprag.strategies.base import (
     FollowedContext,
     RetrievalStrategy,
     Retriever,
-    ServedSettings,
     elapsed,
 )
 from caprag.trace import HopTrace, report_round
 
 BUDGETS = ("depth", "iterations", "chunks", "tokens", "cost", "timeout")
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class QueryProfile:
-    """How sure retrieval must be for a query type, and the depth it starts at."""
-
-    threshold: float
-    depth: int
-
-
-DEFAULT_PROFILES: dict[str, QueryProfile] = {
-    "factual": QueryProfile(threshold=0.9, depth=1),
-    "operational": QueryProfile(threshold=0.7, depth=1),
-    "decision": QueryProfile(threshold=0.85, depth=2),
-    "strategic": QueryProfile(threshold=0.9, depth=3),
-}
-DEFAULT_DEPTH_CHUNKS = (5, 15, 30)
 
 
 @dataclass(frozen=True)
@@ -137,8 +125,7 @@ class SearchClock:
         return result
 
 
-ClockChoice = Literal["searches", "wall"]
-CLOCKS: tuple[ClockChoice, ...] = ("searches", "wall")
+CLOCKS: tuple[ClockChoice, ...] = get_args(ClockChoice)
 
 
 def clock_factory(
@@ -183,32 +170,20 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
     name = "adaptive"
     served_retrieval_s = 5.0  # the design target: adaptive retrieval answers within 5 s served
 
-    def __init__(
-        self,
-        retriever: Retriever,
-        steps: Steps,
-        k: int = 8,
-        *,
-        query_types: Mapping[str, QueryProfile | Mapping[str, float]] | None = None,
-        depth_chunks: Sequence[int] = DEFAULT_DEPTH_CHUNKS,
-        power: int | Literal["auto"] = "auto",
-        max_depth: int = 3,
-        max_iterations: int = 3,
-        max_chunks: int = 50,
-        max_context_tokens: int = 10_000,
-        timeout_s: float = 5.0,
-        max_cost_usd: float | None = None,
-        clock: ClockChoice | Clock | Callable[[], Clock] = "searches",
-        seconds_per_search: float = 1.0,
-        calibration: str | Calibration | Mapping[str, object] | None = DEFAULT_CALIBRATION,
-    ) -> None:
-        super().__init__(retriever, steps, k)
-        self._clock = clock_factory(clock, seconds_per_search)
+    Options = AdaptiveOptions
+    options: AdaptiveOptions
+
+    def __init__(self, retriever: Retriever, steps: Steps, k: int = 8, **options: Any) -> None:
+        super().__init__(retriever, steps, k, **options)
+        checked = self.options
+        self._clock = clock_factory(checked.clock, checked.seconds_per_search)
         """What the timeout budget reads: `searches` (a SearchClock per turn: every search after
         the first costs seconds_per_search, so a turn decides the same on any machine, served or
         in the harness), `wall` (the monotonic clock), or a clock (tests pass one that moves only
         when told)."""
-        self.turn_clock()  # a clock factory with bad settings fails here, not at a question
+        calibration = checked.calibration
+        if calibration == "auto":  # the dataset's choice; the harness resolves it before
+            calibration = DEFAULT_CALIBRATION
         self.calibration = (
             load_calibration(calibration)
             if isinstance(calibration, str)
@@ -217,28 +192,24 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
         """Maps the rule's signals to the confidence compared with the thresholds (a saved
         calibration by name, `none`: the weighted heuristic as it is). An LLM self-assessment,
         which has no signals, is used as the model gives it."""
-        self.depth_chunks = tuple(int(n) for n in depth_chunks)
-        if not 1 <= max_depth <= len(self.depth_chunks):
-            raise ValueError(f"max_depth must be 1-{len(self.depth_chunks)} (one per depth_chunks)")
-        if any(n < 1 for n in self.depth_chunks):
-            raise ValueError("every depth_chunks entry must be at least 1")
-        self.profiles: dict[str, QueryProfile] = dict(DEFAULT_PROFILES)
-        for query_type, profile in (query_types or {}).items():
-            if query_type not in DEFAULT_PROFILES:
-                known = sorted(DEFAULT_PROFILES)
-                raise ValueError(f"unknown query type {query_type!r}; use one of {known}")
-            if not isinstance(profile, QueryProfile):
-                profile = QueryProfile(float(profile["threshold"]), int(profile["depth"]))
-            self.profiles[query_type] = profile
-        if max_cost_usd is not None and not max_cost_usd > 0:
-            raise ValueError(f"max_cost_usd must be above 0 or null, not {max_cost_usd}")
+        self.depth_chunks = tuple(checked.depth_chunks)
+        self.profiles: dict[str, QueryProfile] = {t: p for t, p in DEFAULT_PROFILES.items()}
+        self.profiles.update({t: p for t, p in checked.query_types.items()})
+        """Every query type's threshold and starting depth (the ones given replace the
+        defaults of their types)."""
         self.budget = Budget(
-            max_depth, max_iterations, max_chunks, max_context_tokens, timeout_s, max_cost_usd
+            checked.deepest,
+            checked.max_iterations,
+            checked.max_chunks,
+            checked.max_context_tokens,
+            checked.timeout_s,
+            checked.max_cost_usd,
         )
         self._catalog: Catalog | None = None
-        self.power = self._check_power(None if power == "auto" else power)
+        self.power = None if checked.power == "auto" else checked.power
 
     def _check_power(self, power: int | str | None) -> int | None:
+        """A request's power (state.power): auto (None) or a depth this strategy reaches."""
         if power is None:
             return None
         if isinstance(power, bool) or not isinstance(power, int):
@@ -246,17 +217,6 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
         if not 1 <= power <= self.budget.max_depth:
             raise ValueError(f"power must be 'auto' or 1-{self.budget.max_depth}, not {power}")
         return power
-
-    @classmethod
-    def served_options(cls, settings: ServedSettings) -> dict[str, Any]:
-        """CAPRAG_DEPTH_CHUNKS (the ladder, every depth of it usable), CAPRAG_CALIBRATION and
-        CAPRAG_ADAPTIVE_CLOCK: the same confidence model and notion of time as the harness."""
-        return {
-            "depth_chunks": settings.depth_chunks,
-            "max_depth": len(settings.depth_chunks),
-            "calibration": settings.calibration,
-            "clock": settings.adaptive_clock,
-        }
 
     def max_llm_calls(self) -> dict[str, int]:
         """A classification, and a self-assessment per iteration when confidence is the LLM's

@@ -5,54 +5,16 @@ from __future__ import annotations
 import asyncio
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import Any, ClassVar, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
+from caprag.options import StrategyOptions
 from caprag.retrieval.base import Retriever
 from caprag.schemas import CallUsage, Document, Question, RetrievedRef
 from caprag.state import GraphState
 from caprag.steps import Steps
 
 RRF_K = 60
-
-
-class ServedSettings(Protocol):
-    """What a served strategy may read of the settings (caprag.config.Settings has it all)."""
-
-    @property
-    def k(self) -> int:
-        """Passages handed to generation (CAPRAG_K)."""
-        ...
-
-    @property
-    def max_hops(self) -> int:
-        """Multi-hop's most hops (CAPRAG_MAX_HOPS)."""
-        ...
-
-    @property
-    def expand_first_hop(self) -> bool:
-        """Multi-hop searches the question's expansion on its first hop."""
-        ...
-
-    @property
-    def depth_chunks(self) -> list[int]:
-        """Adaptive's ladder: passages per depth (CAPRAG_DEPTH_CHUNKS)."""
-        ...
-
-    @property
-    def calibration(self) -> str:
-        """Adaptive's confidence calibration by name (CAPRAG_CALIBRATION)."""
-        ...
-
-    @property
-    def adaptive_clock(self) -> str:
-        """What adaptive's timeout budget reads: searches or wall (CAPRAG_ADAPTIVE_CLOCK)."""
-        ...
-
-    @property
-    def links(self) -> str:
-        """How the corpus links its passages: citations or names (CAPRAG_LINKS)."""
-        ...
 
 
 class DocumentPool:
@@ -166,17 +128,24 @@ class RetrievalStrategy(ABC):
     """The served limit of this strategy's retrieval, in seconds (None: derived from its LLM-call
     bound, `max_llm_calls`, at a hosted model's p95; see `caprag.serve.deadline.served_limit_s`)."""
 
-    def __init__(self, retriever: Retriever, steps: Steps, k: int = 8) -> None:
+    Options: ClassVar[type[StrategyOptions]] = StrategyOptions
+    """The strategy's options, declared once (`caprag.options`): the constructor checks the
+    keywords it gets against them, Hydra's group, the harness, the API and the docs read them."""
+
+    def __init__(self, retriever: Retriever, steps: Steps, k: int = 8, **options: Any) -> None:
         self.retriever = retriever
         self.steps = steps
         """The LLM steps (each by its rule or by a model) the strategy calls."""
         self.k = k
+        self.options = self.Options.check(options, self.name, strategy=self.name)
+        """The checked options (ConfigError of one line for a bad one)."""
 
     @classmethod
-    def served_options(cls, settings: ServedSettings) -> dict[str, Any]:
-        """The constructor options the API and the CLI take from their settings, beside the
-        retriever, the steps and k (none by default; the harness gets them from Hydra)."""
-        return {}
+    def served_options(cls, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """The options the API and the CLI serve with: each `CAPRAG_<STRATEGY>_<OPTION>` the
+        environment sets, the rest at their defaults (the harness gets them from Hydra)."""
+        options = cls.Options.from_env(environ, cls.name)
+        return {name: getattr(options, name) for name in type(options).model_fields}
 
     @abstractmethod
     async def execute(self, state: GraphState) -> GraphState:

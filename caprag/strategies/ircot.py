@@ -12,6 +12,7 @@ import dataclasses
 import time
 from typing import Any
 
+from caprag.options import IRCoTOptions
 from caprag.schemas import Question, RetrievedRef
 from caprag.state import GraphState
 from caprag.steps import Steps
@@ -19,7 +20,6 @@ from caprag.strategies.base import (
     FollowedContext,
     RetrievalStrategy,
     Retriever,
-    ServedSettings,
     elapsed,
 )
 from caprag.trace import HopTrace
@@ -30,29 +30,17 @@ class IRCoTStrategy(RetrievalStrategy):
 
     name = "ircot"
 
-    def __init__(
-        self,
-        retriever: Retriever,
-        steps: Steps,
-        k: int = 8,
-        max_steps: int = 3,
-        follow_k: int = 2,
-        reason_k: int = 5,
-    ) -> None:
-        super().__init__(retriever, steps, k)
-        if max_steps < 1 or follow_k < 1 or reason_k < 1:
-            raise ValueError("max_steps, follow_k and reason_k must be at least 1")
-        self.max_steps = max_steps
-        """Searches in all: the question's, then one per reasoning sentence."""
-        self.follow_k = follow_k
-        """New passages a sentence's search adds to the context."""
-        self.reason_k = reason_k
-        """Passages the reasoner reads (the best of those handed on): its cost per step."""
+    Options = IRCoTOptions
+    options: IRCoTOptions
 
-    @classmethod
-    def served_options(cls, settings: ServedSettings) -> dict[str, Any]:
-        """CAPRAG_MAX_HOPS bounds the searches, as it bounds multi-hop's."""
-        return {"max_steps": settings.max_hops}
+    def __init__(self, retriever: Retriever, steps: Steps, k: int = 8, **options: Any) -> None:
+        super().__init__(retriever, steps, k, **options)
+        self.max_steps = self.options.max_steps
+        """Searches in all: the question's, then one per reasoning sentence."""
+        self.follow_k = self.options.follow_k
+        """New passages a sentence's search adds to the context."""
+        self.reason_k = self.options.reason_k
+        """Passages the reasoner reads per step."""
 
     def max_llm_calls(self) -> dict[str, int]:
         """A reasoning sentence after every search but the last."""

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from caprag.llm.client import StepFailedError
+from caprag.options import IterRetGenOptions
 from caprag.schemas import MAX_QUESTION_CHARS, Document, Question
 from caprag.state import GraphState
 from caprag.steps import Steps
@@ -21,7 +22,6 @@ from caprag.strategies.base import (
     DocumentPool,
     RetrievalStrategy,
     Retriever,
-    ServedSettings,
     elapsed,
 )
 from caprag.trace import HopTrace
@@ -32,17 +32,13 @@ class IterRetGenStrategy(RetrievalStrategy):
 
     name = "iter-retgen"
 
-    def __init__(self, retriever: Retriever, steps: Steps, k: int = 8, rounds: int = 3) -> None:
-        super().__init__(retriever, steps, k)
-        if rounds < 1:
-            raise ValueError("rounds must be at least 1")
-        self.rounds = rounds
-        """Retrieve → generate rounds (the last round's generation is the pipeline's)."""
+    Options = IterRetGenOptions
+    options: IterRetGenOptions
 
-    @classmethod
-    def served_options(cls, settings: ServedSettings) -> dict[str, Any]:
-        """CAPRAG_MAX_HOPS sets the rounds (one search each)."""
-        return {"rounds": settings.max_hops}
+    def __init__(self, retriever: Retriever, steps: Steps, k: int = 8, **options: Any) -> None:
+        super().__init__(retriever, steps, k, **options)
+        self.rounds = self.options.rounds
+        """Searches; draft answers = rounds - 1 (the pipeline's generation is the last round's)."""
 
     def max_llm_calls(self) -> dict[str, int]:
         """A draft answer after every round but the last."""

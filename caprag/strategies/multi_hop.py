@@ -6,6 +6,7 @@ import dataclasses
 import time
 from typing import Any
 
+from caprag.options import MultiHopOptions
 from caprag.retrieval.catalog import Catalog
 from caprag.schemas import CallUsage, Question, RetrievedRef
 from caprag.state import GraphState
@@ -14,7 +15,6 @@ from caprag.strategies.base import (
     FollowedContext,
     RetrievalStrategy,
     Retriever,
-    ServedSettings,
     elapsed,
 )
 from caprag.trace import HopTrace
@@ -25,39 +25,21 @@ class MultiHopStrategy(RetrievalStrategy):
 
     name = "multi-hop"
 
-    def __init__(
-        self,
-        retriever: Retriever,
-        steps: Steps,
-        k: int = 8,
-        max_hops: int = 3,
-        follow_k: int = 1,
-        analyze_k: int = 5,
-        expand_first_hop: bool = False,
-        n_subquestions: int = 3,
-    ) -> None:
-        super().__init__(retriever, steps, k)
-        if max_hops < 1:
-            raise ValueError("max_hops must be at least 1")
-        if follow_k < 1:
-            raise ValueError("follow_k must be at least 1")
-        self.max_hops = max_hops
-        self.follow_k = follow_k
-        if analyze_k < 1:
-            raise ValueError("analyze_k must be at least 1")
-        self.analyze_k = analyze_k
-        """Passages the analyzer reads (the best of those handed on): what it costs per hop."""
+    Options = MultiHopOptions
+    options: MultiHopOptions
+
+    def __init__(self, retriever: Retriever, steps: Steps, k: int = 8, **options: Any) -> None:
+        super().__init__(retriever, steps, k, **options)
+        self.max_hops = self.options.max_hops
+        self.follow_k = self.options.follow_k
         """New passages kept per follow-up query: a targeted query is after one passage, and
         fewer per query leaves more of the fixed budget k to the question's own results."""
-        self.expand_first_hop = expand_first_hop
+        self.analyze_k = self.options.analyze_k
+        """Passages the analyzer reads (the best of those handed on): what it costs per hop."""
+        self.expand_first_hop = self.options.expand_first_hop
         """Search the question's expansion (the `expand` step) beside it on the first hop."""
-        self.n_subquestions = n_subquestions
+        self.n_subquestions = self.options.n_subquestions
         self._catalog: Catalog | None = None
-
-    @classmethod
-    def served_options(cls, settings: ServedSettings) -> dict[str, Any]:
-        """CAPRAG_MAX_HOPS and CAPRAG_EXPAND_FIRST_HOP."""
-        return {"max_hops": settings.max_hops, "expand_first_hop": settings.expand_first_hop}
 
     def max_llm_calls(self) -> dict[str, int]:
         """An analysis after every hop but the last (and one expansion when enabled)."""

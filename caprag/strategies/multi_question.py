@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
+from caprag.options import MultiQuestionOptions
 from caprag.state import GraphState
 from caprag.steps import Steps
 from caprag.strategies.base import DocumentPool, RetrievalStrategy, Retriever, elapsed
@@ -16,11 +18,12 @@ class MultiQuestionStrategy(RetrievalStrategy):
 
     name = "multi-question"
 
-    def __init__(
-        self, retriever: Retriever, steps: Steps, k: int = 8, n_subquestions: int = 3
-    ) -> None:
-        super().__init__(retriever, steps, k)
-        self.n_subquestions = n_subquestions
+    Options = MultiQuestionOptions
+    options: MultiQuestionOptions
+
+    def __init__(self, retriever: Retriever, steps: Steps, k: int = 8, **options: Any) -> None:
+        super().__init__(retriever, steps, k, **options)
+        self.n_subquestions = self.options.n_subquestions
 
     def max_llm_calls(self) -> dict[str, int]:
         """One expansion."""

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from caprag.llm.client import StepFailedError
+from caprag.options import SelfAskOptions
 from caprag.state import GraphState
 from caprag.steps import Steps
 from caprag.steps.ask import clean
@@ -22,7 +23,6 @@ from caprag.strategies.base import (
     FollowedContext,
     RetrievalStrategy,
     Retriever,
-    ServedSettings,
     elapsed,
 )
 from caprag.trace import HopTrace
@@ -33,29 +33,17 @@ class SelfAskStrategy(RetrievalStrategy):
 
     name = "self-ask"
 
-    def __init__(
-        self,
-        retriever: Retriever,
-        steps: Steps,
-        k: int = 8,
-        max_follow_ups: int = 2,
-        follow_k: int = 2,
-        answer_k: int = 3,
-    ) -> None:
-        super().__init__(retriever, steps, k)
-        if max_follow_ups < 1 or follow_k < 1 or answer_k < 1:
-            raise ValueError("max_follow_ups, follow_k and answer_k must be at least 1")
-        self.max_follow_ups = max_follow_ups
-        """Follow-ups asked at most (each one search and one intermediate answer)."""
-        self.follow_k = follow_k
-        """New passages a follow-up's search adds to the context."""
-        self.answer_k = answer_k
-        """Passages of its own search an intermediate answer is generated from."""
+    Options = SelfAskOptions
+    options: SelfAskOptions
 
-    @classmethod
-    def served_options(cls, settings: ServedSettings) -> dict[str, Any]:
-        """CAPRAG_MAX_HOPS bounds the searches (the question's, then one per follow-up)."""
-        return {"max_follow_ups": max(1, settings.max_hops - 1)}
+    def __init__(self, retriever: Retriever, steps: Steps, k: int = 8, **options: Any) -> None:
+        super().__init__(retriever, steps, k, **options)
+        self.max_follow_ups = self.options.max_follow_ups
+        """Follow-ups asked at most (each one search and one intermediate answer)."""
+        self.follow_k = self.options.follow_k
+        """New passages a follow-up's search adds to the context."""
+        self.answer_k = self.options.answer_k
+        """Passages of its own search an intermediate answer is generated from."""
 
     def max_llm_calls(self) -> dict[str, int]:
         """An ask per follow-up and one to compose the answer; an answer per follow-up."""

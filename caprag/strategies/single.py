@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from caprag.options import SingleOptions
 from caprag.state import GraphState
 from caprag.strategies.base import DocumentPool, RetrievalStrategy, elapsed
 from caprag.trace import HopTrace
@@ -14,6 +15,7 @@ class SingleQueryStrategy(RetrievalStrategy):
     """Search once with the question as asked (after rewrite)."""
 
     name = "single"
+    Options = SingleOptions
 
     def max_llm_calls(self) -> dict[str, int]:
         """One search and no LLM call."""

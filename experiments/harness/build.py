@@ -84,7 +84,9 @@ class Components:
         """The configured strategy over the index (or a narrower retriever) and the steps."""
         try:
             return self.make_strategy(retriever=retriever or self.index, steps=steps, k=k)
-        except ValueError as exc:  # settings that do not fit together (adaptive's max_depth)
+        except ConfigError:
+            raise  # an option its model refused: already one line naming it
+        except ValueError as exc:  # a plugin strategy's own check of its arguments
             raise ConfigError(f"strategy: {exc}") from None
 
 

@@ -38,8 +38,10 @@ def retriever_node(name: str) -> dict[str, Any]:
 
 
 def strategy_node(cls: type[RetrievalStrategy]) -> dict[str, Any]:
-    """`strategy=NAME`: the class, given its retriever, steps and k by the harness."""
-    return {"_target_": f"{cls.__module__}.{cls.__qualname__}", "_partial_": True}
+    """`strategy=NAME`: the class, given its retriever, steps and k by the harness, with its
+    options' defaults (its `Options` model) to override."""
+    target = {"_target_": f"{cls.__module__}.{cls.__qualname__}", "_partial_": True}
+    return {**target, **cls.Options.node()}
 
 
 def _offer(group: str, name: str, node: dict[str, Any]) -> None:

@@ -13,11 +13,13 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal, get_args
 
+from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
 from caprag.errors import ConfigError
+from caprag.options import TARGETS, StrategyOptions
 
 URI_FORMS = (
     "sqlite:///PATH, file:PATH, a plain folder path, http(s)://HOST[:PORT], "
@@ -154,28 +156,6 @@ class Tracking(Closed):
         return self
 
 
-class Strategy(Section):
-    """The numbers of the chosen strategy group (the strategy checks how they fit together)."""
-
-    max_hops: Annotated[int, whole(1, "hops of multi-hop")] = 3
-    follow_k: Annotated[int, whole(1, "passages kept per follow-up query")] = 1
-    n_subquestions: Annotated[
-        int, whole(1, "sub-questions of an expansion (strategy=single for none)")
-    ] = 1
-    max_depth: Annotated[int, whole(1, "deepest adaptive depth")] = 3
-    max_iterations: Annotated[int, whole(1, "adaptive searches in all")] = 3
-    max_chunks: Annotated[int, whole(1, "passages adaptive gathers in all")] = 1
-    max_context_tokens: Annotated[int, whole(1, "tokens of the passages handed to generation")] = 1
-    expand_first_hop: Annotated[bool, flag("also search the expansion on hop 1")] = False
-    timeout_s: Annotated[float, above_zero("seconds adaptive may search")] = 1.0
-    depth_chunks: Annotated[
-        list[Annotated[int, Field(ge=1)]] | None,
-        Field(
-            description="a list of whole numbers of at least 1 (passages searched at depth 1, 2, 3)"
-        ),
-    ] = None
-
-
 class Client(Section):
     """The client settings of an LLM backend."""
 
@@ -204,7 +184,7 @@ class Settings(Section):
     experiment: Experiment
     pipeline: Pipeline
     tracking: Tracking
-    strategy: Strategy
+    strategy: dict[str, Any]
     llm: Llm
     judge: Judge | None = None
 
@@ -331,6 +311,28 @@ def check_override_keys(overrides: Sequence[str]) -> None:
             )
 
 
+def options_model(target: str) -> tuple[type[StrategyOptions], str]:
+    """The options model of the strategy a `_target_` names, and the strategy's name: a
+    built-in's from the light catalogue (`caprag.options.TARGETS`), another's from its class (a
+    plugin, imported already)."""
+    if target in TARGETS:
+        return TARGETS[target], TARGETS[target].strategy
+    cls = get_class(target)
+    options = getattr(cls, "Options", StrategyOptions)
+    return options, str(getattr(cls, "name", target))
+
+
+def check_strategy_options(strategy: Mapping[str, Any]) -> None:
+    """The chosen strategy's options against its model, as a config file types them (strict:
+    no '3' for 3); the `_target_`-style keys are Hydra's. One-line ConfigError."""
+    target = strategy.get("_target_")
+    if not isinstance(target, str):
+        return  # not a strategy Hydra builds (the error comes when it is built)
+    options = {k: v for k, v in strategy.items() if not k.startswith("_")}
+    model, name = options_model(target)
+    model.check(options, "strategy", strict=True, strategy=name)
+
+
 def check_tracking_uri(cfg: DictConfig) -> None:
     """The MLflow store URI has a form MLflow can open, before MLflow is asked to open it."""
     configured = OmegaConf.select(cfg, "tracking.uri", default=None)
@@ -365,5 +367,6 @@ def check_settings(cfg: DictConfig) -> None:
         Settings.model_validate(data)
     except ValidationError as exc:
         raise _one_line(exc, data) from None
+    check_strategy_options(data["strategy"])
     if data["tracking"].get("enabled"):
         check_tracking_uri(cfg)

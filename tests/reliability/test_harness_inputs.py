@@ -182,8 +182,13 @@ def test_limit_per_set_naming_a_set_the_dataset_lacks_fails(tmp_path: Path) -> N
 
 
 def test_adaptive_settings_that_do_not_fit_together_are_a_config_error(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"^strategy: max_depth must be 1-3"):
+    with pytest.raises(ConfigError) as info:
         run(make_cfg(tmp_path, "dataset=single_book", "strategy=adaptive", "strategy.max_depth=5"))
+    assert str(info.value) == (
+        "strategy.max_depth=5 is not allowed: expected a whole number from 1 to 3 (one per "
+        "depth_chunks)"
+    )
+    assert not (tmp_path / "store").exists()  # refused before the index is built
 
 
 @pytest.mark.parametrize(
@@ -196,12 +201,20 @@ def test_adaptive_settings_that_do_not_fit_together_are_a_config_error(tmp_path:
             "tracking.uri='garbage://x' is not allowed: expected "
             "sqlite:///PATH, file:PATH, a plain folder path, http(s)://HOST[:PORT], postgresql",
         ),
+        (
+            "strategy=iter-retgen strategy.rounds=abc",
+            "strategy.rounds='abc' is not allowed: expected a whole number of at least 1",
+        ),
+        (
+            "strategy=self-ask +strategy.max_hops=2",
+            "strategy.max_hops=2 is not allowed: self-ask has no option 'max_hops'",
+        ),
     ],
 )
 def test_bad_settings_are_one_line_errors_in_the_cli(
     override: str, shown: str, tmp_path: Path
 ) -> None:
-    done = run_cli(*overrides(tmp_path), "tracking.enabled=true", override)
+    done = run_cli(*overrides(tmp_path), "tracking.enabled=true", *override.split())
     assert_one_line_error(done, shown)
     assert not (tmp_path / "store").exists()
 

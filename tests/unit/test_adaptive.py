@@ -309,7 +309,7 @@ async def test_forced_power_applies_to_one_turn_only(books: MemoryRetriever) -> 
 
 
 async def test_power_outside_the_depths_is_refused(books: MemoryRetriever) -> None:
-    with pytest.raises(ValueError, match="power must be"):
+    with pytest.raises(ValueError, match="power=4 is not allowed"):
         adaptive(books, power=4)
     with pytest.raises(ValueError, match="power must be"):
         await run(adaptive(books), SIMPLE, power=0)

@@ -321,13 +321,13 @@ async def test_the_search_clock_still_enforces_the_timeout(books: MemoryRetrieve
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("strategy.calibration=nonesuch", "nonesuch"),
-        ("strategy.clock=sundial", "clock='sundial': use one of searches, wall"),
-        ("strategy.seconds_per_search=-1", "must not be negative"),
+        ("strategy.calibration=nonesuch", "calibration='nonesuch' is not allowed: expected auto"),
+        ("strategy.clock=sundial", "clock='sundial' is not allowed: expected searches or wall"),
+        ("strategy.seconds_per_search=-1", "seconds_per_search=-1 is not allowed: expected a"),
     ],
 )
 def test_bad_adaptive_settings_fail_with_a_clear_error(override: str, message: str) -> None:
     with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=["strategy=adaptive", override])
-    with pytest.raises(Exception, match=message):
+    with pytest.raises(ValueError, match=message):
         instantiate(cfg.strategy)(retriever=None, steps=rule_steps(), k=8)

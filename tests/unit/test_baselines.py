@@ -276,7 +276,10 @@ def test_every_baseline_is_chosen_from_the_settings(
     name: str, wiki: MemoryRetriever, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("RETRIEVAL_STRATEGY", name)
-    monkeypatch.setenv("CAPRAG_MAX_HOPS", "4")
+    for variable in ("CAPRAG_IRCOT_MAX_STEPS", "CAPRAG_ITER_RETGEN_ROUNDS"):
+        monkeypatch.setenv(variable, "4")
+    monkeypatch.setenv("CAPRAG_SELF_ASK_MAX_FOLLOW_UPS", "3")
+    monkeypatch.setenv("CAPRAG_MAX_HOPS", "9")  # multi-hop's: no other strategy reads it
     monkeypatch.setenv("CAPRAG_K", "5")
     settings = load_settings()
     strategy = build_strategy(name, wiki, steps_from_settings(settings), settings)
