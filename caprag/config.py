@@ -21,6 +21,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from caprag.errors import ConfigError, MissingAPIKeyError
 from caprag.registry import ROLES, check_known, load_plugins
+from caprag.text import DEFAULT_REFUSAL
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 BUNDLED_CORPUS = PROJECT_ROOT / "datasets" / "books"
@@ -254,6 +255,19 @@ class SettingsFields(BaseSettings):
         validation_alias=AliasChoices("CAPRAG_LINKS", "links"),
         description="How the corpus links its passages, which the rule steps follow: citations "
         "('(Combat, p. 41)', the bundled books) or names (another passage's title).",
+    )
+    library: str | None = Field(
+        None,
+        validation_alias=AliasChoices("CAPRAG_LIBRARY", "library"),
+        description="What the steps' prompts call the corpus (e.g. 'the Cinderwake rulebooks'); "
+        "unset: from its books' titles (the words they all start with, else 'the library').",
+    )
+    refusal: str = Field(
+        DEFAULT_REFUSAL,
+        min_length=1,
+        max_length=200,
+        validation_alias=AliasChoices("CAPRAG_REFUSAL", "refusal"),
+        description="What the generator answers when the passages hold no answer.",
     )
     decision_log: Path | Literal["off"] = Field(
         Path(".caprag/decisions.db"),

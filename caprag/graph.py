@@ -124,7 +124,9 @@ def build_graph(
             }
         by_id = {doc.passage_id: doc for doc in state.context}
         sources = [Source.of(by_id[i]) for i in result.value.source_ids if i in by_id]
-        answer = AnswerWithSources(answer=result.value.answer, sources=sources)
+        answer = AnswerWithSources(
+            answer=result.value.answer, sources=sources, refused=result.value.refused
+        )
         kept = turn_record(state.main_question, sources)  # shown again when a page reloads
         reply = AIMessage(answer.answer, id=str(uuid.uuid4()), additional_kwargs=kept)
         return {

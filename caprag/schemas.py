@@ -72,6 +72,10 @@ class AnswerWithSources(BaseModel):
 
     answer: str
     sources: list[Source] = Field(default_factory=list)
+    refused: bool = Field(
+        default=False,
+        description="The generator found no answer in the passages (the answer is the refusal).",
+    )
 
 
 class CallUsage(BaseModel):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 STOPWORDS = frozenset(
@@ -190,3 +190,29 @@ def iter_citations(text: str) -> Iterable[tuple[str, int, int]]:
         short = match.group(1) or match.group(3)
         page = match.group(2) or match.group(4)
         yield short.strip(), int(page), match.start()
+
+
+DEFAULT_LIBRARY = "the library"
+"""What the steps call a corpus whose books share no name."""
+DEFAULT_REFUSAL = "The sources do not say."
+"""What the generator answers when the passages hold no answer (a setting: the harness's
+`pipeline.refusal`, served CAPRAG_REFUSAL): it names no corpus, so it fits any."""
+
+
+def library_name(titles: Sequence[str]) -> str:
+    """What the steps' prompts call a corpus, from its books' titles: the words every title
+    starts with ('Cinderwake Core Rules', 'Cinderwake Combat: ...' -> 'the Cinderwake books'),
+    one book's own title, else `DEFAULT_LIBRARY`."""
+    words = [title.replace(":", " ").split() for title in titles if title.strip()]
+    if len(words) == 1:
+        return f"the book '{' '.join(words[0])}'"
+    shared: list[str] = []
+    for column in zip(*words, strict=False):
+        if any(word.lower() != column[0].lower() for word in column):
+            break
+        shared.append(column[0])
+    while shared and shared[-1].lower() in CONNECTORS:
+        shared.pop()
+    if shared and shared[0].lower() == "the":
+        shared = shared[1:]
+    return f"the {' '.join(shared)} books" if shared else DEFAULT_LIBRARY

@@ -7,11 +7,12 @@ import datetime as dt
 import hashlib
 import re
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from caprag.errors import BookFormatError, CapragError
-from caprag.text import iter_citations
+from caprag.text import DEFAULT_LIBRARY, iter_citations, library_name
 
 REQUIRED_META = ("book_id", "short", "title", "edition", "published")
 PAGE_MARKER = re.compile(r"^<!--\s*page\s+(\d+)\s*-->\s*$")
@@ -255,6 +256,20 @@ def load_books(path: Path | str) -> list[Book]:
             )
         owners[book.meta.book_id] = book.path
     return books
+
+
+def library_of(books: Iterable[Book]) -> str:
+    """What the steps' prompts call these books (`caprag.text.library_name` of their titles)."""
+    return library_name([book.meta.title for book in books])
+
+
+def corpus_library(path: Path | str) -> str:
+    """What the steps call the corpus at `path`, from its books' titles; a folder that holds no
+    readable book is 'the library' (ingesting it says what is wrong)."""
+    try:
+        return library_of(load_books(path))
+    except (CapragError, OSError):
+        return DEFAULT_LIBRARY
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,7 @@ from caprag.errors import CapragError, EmptyQuestionError
 from caprag.graph import HISTORY_PAIRS, build_graph
 from caprag.llm import StructuredClient
 from caprag.llm.usage import total_cost
+from caprag.retrieval.books import corpus_library
 from caprag.schemas import MAX_QUESTION_CHARS, CallUsage, Document, Source
 from caprag.serve.checkpoint import (
     Retention,
@@ -49,7 +50,7 @@ from caprag.serve.decision_log import (
     now_iso,
 )
 from caprag.state import GraphState
-from caprag.steps import ROLES, Steps, build_steps
+from caprag.steps import ROLES, Steps, Wording, build_steps
 from caprag.strategies import STRATEGIES, RetrievalStrategy, Retriever
 from caprag.trace import HopTrace
 
@@ -105,6 +106,11 @@ class AskResult(BaseModel):
     memory_expired: bool = Field(
         default=False,
         description="The thread sat idle past the memory TTL: this turn started it afresh.",
+    )
+    refused: bool = Field(
+        default=False,
+        description="The generator found no answer in the passages: the answer is its refusal "
+        "(CAPRAG_REFUSAL), whatever its wording.",
     )
 
     @property
@@ -201,6 +207,9 @@ def steps_from_settings(settings: Settings) -> Steps:
         price_model=settings.price_model,
         choices={role: getattr(settings, role) for role in ROLES},
         links=settings.links,
+        wording=Wording(
+            library=settings.library or corpus_library(settings.corpus), refusal=settings.refusal
+        ),
     )
 
 
@@ -477,6 +486,7 @@ class Pipeline:
             answer_status="generated_after_cut" if deadline.cuts else "generated",
             stop_reason=record.stop_reason,
             memory_expired=expired(self.checkpointer, thread),
+            refused=bool(status == "answered" and state.answer and state.answer.refused),
         )
         if state.answer is None or result.answer_error:
             result.answer_status = "not_generated"

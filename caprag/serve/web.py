@@ -274,10 +274,13 @@ def turn(result: AskResult) -> str:
     no_answer = ""
     if result.answer_error:
         no_answer = f'<div class="trace error">no answer: {escape(result.answer_error)}</div>'
+    elif result.refused:  # the generator's flag, whatever the refusal says
+        no_answer = '<div class="trace">a refusal: the passages found hold no answer</div>'
+    answer_class = "answer refused" if result.refused else "answer"
     return (
         '<div class="turn">'
         f'<div class="q">{escape(result.question)}</div>{rewrite}'
-        f'<div class="answer">{escape(result.answer)}</div>'
+        f'<div class="{answer_class}">{escape(result.answer)}</div>'
         f"{no_answer}"
         f"{sources_view(result.sources)}"
         f'<div class="trace">{result.hop_count} hop(s) · {tokens} tokens · '

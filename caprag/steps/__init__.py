@@ -7,6 +7,7 @@ baseline; all LLM is a real model doing every step.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -26,7 +27,7 @@ from caprag.steps.analyze import (
 )
 from caprag.steps.ask import ASK, LLMAsker, RuleAsker, SelfAskTurn
 from caprag.steps.assess import ASSESS, ConfidenceAssessment, LLMAssessor, RuleAssessor
-from caprag.steps.base import KINDS, StepResult
+from caprag.steps.base import KINDS, NEUTRAL, StepResult, Wording
 from caprag.steps.classify import CLASSIFY, LLMClassifier, QueryClass, RuleClassifier
 from caprag.steps.expand import EXPAND, LLMExpander, RuleExpander
 from caprag.steps.generate import GENERATE, GeneratedAnswer, LLMGenerator, RuleGenerator
@@ -155,6 +156,7 @@ def build_steps(
     price_model: str = "gpt-4o-mini",
     choices: Mapping[str, str] | None = None,
     links: Links = "citations",
+    wording: Wording = NEUTRAL,
 ) -> Steps:
     """Steps chosen per role (`choices`: role → auto | rule | llm; missing roles are auto).
 
@@ -162,7 +164,8 @@ def build_steps(
     costed at `price_model`. Choosing `llm` for a role without a client is a ConfigError.
     `links`: how the corpus links its passages, which the rule analyzer follows: `citations`
     (as the bundled books cite, '(Combat, p. 41)') or `names` (a name that is another passage's
-    title, as in encyclopaedic text): a property of the corpus, chosen per dataset.
+    title, as in encyclopaedic text): a property of the corpus, chosen per dataset. `wording`:
+    what the prompts call the corpus and the generator's refusal (`caprag.steps.base.Wording`).
     """
     chosen = dict(choices or {})
     unknown = sorted(set(chosen) - set(ROLES))
@@ -185,21 +188,36 @@ def build_steps(
         assert with_client is not None
         return make(with_client)
 
+    worded = functools.partial
     return Steps(
-        expand=pick("expander", RuleExpander(price_model), LLMExpander),
-        analyze=pick("analyzer", RuleAnalyzer(price_model, links=links), LLMAnalyzer),
-        generate=pick("generator", RuleGenerator(price_model), LLMGenerator),
+        expand=pick(
+            "expander", RuleExpander(price_model, wording), worded(LLMExpander, wording=wording)
+        ),
+        analyze=pick(
+            "analyzer",
+            RuleAnalyzer(price_model, links=links, wording=wording),
+            worded(LLMAnalyzer, wording=wording),
+        ),
+        generate=pick(
+            "generator", RuleGenerator(price_model, wording), worded(LLMGenerator, wording=wording)
+        ),
         rewrite=pick("rewriter", RuleRewriter(price_model), LLMRewriter, rewrite_client or client),
-        classify=pick("classifier", RuleClassifier(price_model), LLMClassifier),
-        assess=pick("confidence", RuleAssessor(links), LLMAssessor),
+        classify=pick(
+            "classifier",
+            RuleClassifier(price_model, wording),
+            worded(LLMClassifier, wording=wording),
+        ),
+        assess=pick("confidence", RuleAssessor(links), worded(LLMAssessor, wording=wording)),
         reason=pick("reasoner", RuleReasoner(price_model), LLMReasoner),
         ask=pick("asker", RuleAsker(price_model), LLMAsker),
     )
 
 
-def rule_steps(price_model: str = "gpt-4o-mini", links: Links = "citations") -> Steps:
+def rule_steps(
+    price_model: str = "gpt-4o-mini", links: Links = "citations", wording: Wording = NEUTRAL
+) -> Steps:
     """Every step by its rule: the offline baseline (no model, no key, no network)."""
-    return build_steps(None, price_model=price_model, links=links)
+    return build_steps(None, price_model=price_model, links=links, wording=wording)
 
 
 def prompt_versions() -> dict[str, str]:
@@ -212,6 +230,7 @@ __all__ = [
     "ROLES",
     "StepResult",
     "Steps",
+    "Wording",
     "build_steps",
     "prompt_versions",
     "rule_steps",

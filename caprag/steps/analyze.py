@@ -28,15 +28,15 @@ from caprag.llm.client import StepFailedError, StructuredClient
 from caprag.llm.prompt import Prompt, format_passages
 from caprag.retrieval.catalog import Catalog
 from caprag.schemas import MAX_QUERIES, MAX_QUERY_CHARS, Document
-from caprag.steps.base import RuleStep, StepResult, fit
+from caprag.steps.base import NEUTRAL, RuleStep, StepResult, Wording, fit
 from caprag.steps.expand import cap
-from caprag.text import Reference, names, references, sentences, terms
+from caprag.text import DEFAULT_LIBRARY, Reference, names, references, sentences, terms
 
 ANALYZE = Prompt(
     name="analyze",
-    version="analyze-v3",
+    version="analyze-v4",
     system=(
-        "You decide whether retrieved rulebook passages are enough to answer a question.\n"
+        "You decide whether passages retrieved from {library} are enough to answer a question.\n"
         "1. Look for cross-references inside the passages whose target is not among them, such as "
         "'see Powers, p. 100' or 'modified by Rapid Strike (Combat, p. 41)'. Each unresolved one "
         "that matters for the question becomes a targeted query that keeps the citation, e.g. "
@@ -417,6 +417,7 @@ def prompt_values(
     searched: Sequence[str],
     max_queries: int,
     output_cap: int | None = None,
+    library: str = DEFAULT_LIBRARY,
 ) -> dict[str, str]:
     """The ANALYZE prompt's arguments, with the lengths of the decision's schema fitted to
     `output_cap` (None: the schema's own bounds); fewer queries are asked for than
@@ -424,6 +425,7 @@ def prompt_values(
     items = model_limits(SufficiencyDecision, output_cap)["new_queries"].items
     return {
         "question": question,
+        "library": library,
         "searched": "\n".join(searched) or "(nothing)",
         "passages": format_passages(documents),
         "max_queries": str(min(max_queries, items) if items is not None else max_queries),
@@ -438,8 +440,14 @@ class RuleAnalyzer(RuleStep):
 
     max_queries = MAX_NEW_QUERIES
 
-    def __init__(self, price_model: str = "gpt-4o-mini", *, links: Links = "citations") -> None:
-        super().__init__(price_model)
+    def __init__(
+        self,
+        price_model: str = "gpt-4o-mini",
+        *,
+        links: Links = "citations",
+        wording: Wording = NEUTRAL,
+    ) -> None:
+        super().__init__(price_model, wording)
         if links not in LINKS:
             raise ValueError(f"links={links!r}: use one of {', '.join(LINKS)}")
         self.links = links
@@ -454,7 +462,9 @@ class RuleAnalyzer(RuleStep):
         t0 = time.perf_counter()
         notes: list[str] = []
         decision = decide(question, documents, searched, notes, catalog=catalog, links=self.links)
-        values = prompt_values(question, documents, searched, self.max_queries)
+        values = prompt_values(
+            question, documents, searched, self.max_queries, library=self.wording.library
+        )
         out = decision.model_dump_json()
         result = self.costed("analyze", ANALYZE, decision, out, t0, **values)
         assert result.usage is not None
@@ -466,10 +476,16 @@ class LLMAnalyzer:
 
     kind = "llm"
 
-    def __init__(self, client: StructuredClient, max_queries: int = MAX_NEW_QUERIES) -> None:
+    def __init__(
+        self,
+        client: StructuredClient,
+        max_queries: int = MAX_NEW_QUERIES,
+        wording: Wording = NEUTRAL,
+    ) -> None:
         self.client = client
         self.model = client.model
         self.max_queries = max_queries
+        self.wording = wording
 
     async def __call__(
         self,
@@ -480,7 +496,12 @@ class LLMAnalyzer:
     ) -> StepResult[SufficiencyDecision]:
         """The model reads the passages itself (`catalog` is for the rule)."""
         values = prompt_values(
-            question, documents, searched, self.max_queries, self.client.max_output_tokens
+            question,
+            documents,
+            searched,
+            self.max_queries,
+            self.client.max_output_tokens,
+            library=self.wording.library,
         )
         try:
             decision, usage = await self.client.structured(

@@ -27,7 +27,7 @@ from caprag.text import entities, names, terms
 
 ASK = Prompt(
     name="ask",
-    version="ask-v1",
+    version="ask-v2",
     system=(
         "Answer the question by asking yourself simple follow-up questions, one at a time, as "
         "in the example. Each follow-up is answered by a search before the next is asked. Give "
@@ -73,8 +73,9 @@ class SelfAskTurn(BaseModel):
 
 
 def transcript(asked: Sequence[tuple[str, str]]) -> str:
-    """Follow-ups and their intermediate answers, as the paper's prompt writes them."""
-    return "".join(f"Follow up: {q}\nIntermediate answer: {a}\n" for q, a in asked)
+    """Follow-ups and their intermediate answers, as the paper's prompt writes them (one that
+    found nothing, or whose reply was unusable: '(no answer)')."""
+    return "".join(f"Follow up: {q}\nIntermediate answer: {a or '(no answer)'}\n" for q, a in asked)
 
 
 def prompt_values(question: str, asked: Sequence[tuple[str, str]]) -> dict[str, str]:

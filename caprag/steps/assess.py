@@ -45,14 +45,15 @@ from caprag.retrieval.catalog import Catalog
 from caprag.schemas import MAX_QUERIES, MAX_QUERY_CHARS, Document
 from caprag.steps import analyze as analyzer
 from caprag.steps.analyze import Links
-from caprag.steps.base import StepResult
-from caprag.text import terms
+from caprag.steps.base import NEUTRAL, StepResult, Wording
+from caprag.text import DEFAULT_LIBRARY, terms
 
 ASSESS = Prompt(
     name="assess",
-    version="assess-v4",
+    version="assess-v5",
     system=(
-        "You judge whether retrieved rulebook passages are enough to answer a question fully.\n"
+        "You judge whether passages retrieved from {library} are enough to answer a question "
+        "fully.\n"
         "Give a confidence in tenths, from 0.0 (nothing useful) to 1.0 (every fact the answer "
         "needs is in the passages). Lower it for parts of the question no passage covers, for "
         "cross-references such as 'see Combat, p. 41' whose target passage is missing, and for "
@@ -238,13 +239,17 @@ class RuleAssessor:
 
 
 def assess_values(
-    question: str, documents: Sequence[Document], output_cap: int | None = None
+    question: str,
+    documents: Sequence[Document],
+    output_cap: int | None = None,
+    library: str = DEFAULT_LIBRARY,
 ) -> dict[str, str]:
     """The ASSESS prompt's arguments, with the lengths of the assessment's schema fitted to
     `output_cap` (None: the schema's own bounds)."""
     items = model_limits(ConfidenceAssessment, output_cap)["missing_info"].items
     return {
         "question": question,
+        "library": library,
         "passages": format_passages(documents) or "(none)",
         "max_missing": str(min(MAX_QUERIES, items) if items is not None else MAX_QUERIES),
         **prompt_values(ConfidenceAssessment, output_cap, ASSESS.fields),
@@ -256,9 +261,10 @@ class LLMAssessor:
 
     kind = "llm"
 
-    def __init__(self, client: StructuredClient) -> None:
+    def __init__(self, client: StructuredClient, wording: Wording = NEUTRAL) -> None:
         self.client = client
         self.model = client.model
+        self.wording = wording
 
     async def __call__(
         self, question: str, documents: Sequence[Document], catalog: Catalog | None = None
@@ -269,7 +275,9 @@ class LLMAssessor:
                 "assess",
                 ASSESS,
                 ConfidenceAssessment,
-                **assess_values(question, documents, self.client.max_output_tokens),
+                **assess_values(
+                    question, documents, self.client.max_output_tokens, self.wording.library
+                ),
             )
         except StepFailedError as failed:
             zero = ConfidenceAssessment(

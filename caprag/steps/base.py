@@ -9,6 +9,7 @@ from typing import Generic, Literal, TypeVar
 from caprag.llm.prompt import Prompt
 from caprag.llm.usage import count_tokens, price
 from caprag.schemas import CallUsage
+from caprag.text import DEFAULT_LIBRARY, DEFAULT_REFUSAL
 
 T = TypeVar("T")
 Kind = Literal["rule", "llm"]
@@ -23,6 +24,21 @@ class StepResult(Generic[T]):
     value: T
     usage: CallUsage | None
     signals: dict[str, float] | None = field(default=None)
+
+
+@dataclass(frozen=True)
+class Wording:
+    """How the steps speak of the corpus: what their prompts call it (`library`, from the
+    corpus's own book titles or the dataset's `library` option) and what the generator answers
+    when the passages hold no answer (`refusal`). A refusal is also a flag on the answer
+    (`GeneratedAnswer.refused`): nothing reads the text to find one."""
+
+    library: str = DEFAULT_LIBRARY
+    refusal: str = DEFAULT_REFUSAL
+
+
+NEUTRAL = Wording()
+"""The wording of a corpus nothing names: 'the library', and the default refusal."""
 
 
 def fit(text: str, limit: int, what: str, notes: list[str] | None = None) -> str:
@@ -47,8 +63,9 @@ class RuleStep:
     kind: Kind = "rule"
     model = "offline"
 
-    def __init__(self, price_model: str = "gpt-4o-mini") -> None:
+    def __init__(self, price_model: str = "gpt-4o-mini", wording: Wording = NEUTRAL) -> None:
         self.price_model = price_model
+        self.wording = wording
 
     def costed(
         self,

@@ -18,13 +18,13 @@ from pydantic import BaseModel, Field
 from caprag.llm.budget import prompt_values
 from caprag.llm.client import StepFailedError, StructuredClient
 from caprag.llm.prompt import Prompt
-from caprag.steps.base import RuleStep, StepResult
+from caprag.steps.base import NEUTRAL, RuleStep, StepResult, Wording
 
 CLASSIFY = Prompt(
     name="classify",
-    version="classify-v2",
+    version="classify-v3",
     system=(
-        "You sort questions about tabletop role-playing rulebooks by how much reading they need.\n"
+        "You sort questions about {library} by how much reading they need.\n"
         "- factual: asks for one fact, number or definition ('How long does a torch burn?').\n"
         "- operational: asks how to carry out a procedure, step by step ('How do I resolve a "
         "charge?').\n"
@@ -109,7 +109,14 @@ class RuleClassifier(RuleStep):
         value = classify_question(question)
         lengths = prompt_values(QueryClass, None, CLASSIFY.fields)
         return self.costed(
-            "classify", CLASSIFY, value, value.model_dump_json(), t0, question=question, **lengths
+            "classify",
+            CLASSIFY,
+            value,
+            value.model_dump_json(),
+            t0,
+            question=question,
+            library=self.wording.library,
+            **lengths,
         )
 
 
@@ -118,9 +125,10 @@ class LLMClassifier:
 
     kind = "llm"
 
-    def __init__(self, client: StructuredClient) -> None:
+    def __init__(self, client: StructuredClient, wording: Wording = NEUTRAL) -> None:
         self.client = client
         self.model = client.model
+        self.wording = wording
 
     async def __call__(self, question: str) -> StepResult[QueryClass]:
         try:
@@ -129,6 +137,7 @@ class LLMClassifier:
                 CLASSIFY,
                 QueryClass,
                 question=question,
+                library=self.wording.library,
                 **self.client.lengths(CLASSIFY, QueryClass),
             )
         except StepFailedError as failed:

@@ -15,16 +15,16 @@ from caprag.llm.budget import model_limits, prompt_values
 from caprag.llm.client import StepFailedError, StructuredClient
 from caprag.llm.prompt import Prompt
 from caprag.schemas import MAX_QUERIES, MAX_QUERY_CHARS
-from caprag.steps.base import RuleStep, StepResult
+from caprag.steps.base import NEUTRAL, RuleStep, StepResult, Wording
 from caprag.text import entities, terms
 
 EXPAND = Prompt(
     name="expand",
-    version="expand-v3",
+    version="expand-v4",
     system=(
-        "You help search a library of tabletop role-playing rulebooks. Break the user's question "
-        "into at most {n} short, standalone search queries, one per rule, term or book the answer "
-        "depends on, each at most {questions_chars} characters. Do not repeat the original "
+        "You help search {library}. Break the user's question into at most {n} short, "
+        "standalone search queries, one per fact, term or source the answer depends on, each at "
+        "most {questions_chars} characters. Do not repeat the original "
         "question. Return them in the field 'questions'."
     ),
     user="Question: {question}",
@@ -71,7 +71,15 @@ class RuleExpander(RuleStep):
         subs = rule_expansion(question, n)
         lengths = prompt_values(Questions, None, EXPAND.fields)
         return self.costed(
-            "expand", EXPAND, subs, "\n".join(subs), t0, question=question, n=str(n), **lengths
+            "expand",
+            EXPAND,
+            subs,
+            "\n".join(subs),
+            t0,
+            question=question,
+            n=str(n),
+            library=self.wording.library,
+            **lengths,
         )
 
 
@@ -80,9 +88,10 @@ class LLMExpander:
 
     kind = "llm"
 
-    def __init__(self, client: StructuredClient) -> None:
+    def __init__(self, client: StructuredClient, wording: Wording = NEUTRAL) -> None:
         self.client = client
         self.model = client.model
+        self.wording = wording
 
     async def __call__(self, question: str, n: int) -> StepResult[list[str]]:
         asked = asked_for(n, self.client.max_output_tokens)
@@ -93,6 +102,7 @@ class LLMExpander:
                 Questions,
                 question=question,
                 n=str(asked),
+                library=self.wording.library,
                 **self.client.lengths(EXPAND, Questions),
             )
         except StepFailedError as failed:

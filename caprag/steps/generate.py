@@ -18,22 +18,21 @@ from caprag.llm.client import StructuredClient
 from caprag.llm.prompt import History, Prompt, format_history, format_passages
 from caprag.schemas import Document
 from caprag.steps.analyze import is_resolved
-from caprag.steps.base import RuleStep, StepResult, fit
-from caprag.text import references, sentences, terms
+from caprag.steps.base import NEUTRAL, RuleStep, StepResult, Wording, fit
+from caprag.text import DEFAULT_REFUSAL, references, sentences, terms
 
-REFUSAL = "The rulebooks do not say."
 MIN_ANSWER_OVERLAP = 0.4
 ROW_KEY_BONUS = 0.3
 
 GENERATE = Prompt(
     name="generate",
-    version="generate-v3",
+    version="generate-v4",
     system=(
-        "Answer the question about the rulebooks using only the passages given. Follow the "
+        "Answer the question about {library} using only the passages given. Follow the "
         "cross-references between passages when they change the answer. Be brief and give the "
         "numbers: the answer is at most {answer_chars} characters. If the passages do not "
-        "contain the answer, answer exactly: '{refusal}' List in source_ids the ids of the "
-        "passages you used (at most {source_ids_items})."
+        "contain the answer, set refused to true and answer exactly: '{refusal}' List in "
+        "source_ids the ids of the passages you used (at most {source_ids_items})."
     ),
     user="{history}Question: {question}\n\nPassages:\n{passages}{confidence}",
 )
@@ -44,13 +43,18 @@ MAX_SOURCE_ID_CHARS = 200
 
 
 class GeneratedAnswer(BaseModel):
-    """What the generator returns: the answer text and the passage ids it relied on."""
+    """What the generator returns: the answer text, the passage ids it relied on, and whether it
+    refused (the passages hold no answer): the flag the scorer, the strategies and the pages
+    read, whatever the refusal's wording."""
 
     answer: str = Field(max_length=MAX_ANSWER_CHARS, json_schema_extra={"budget": 3})
     source_ids: list[str] = Field(
         default_factory=list,
         max_length=20,
         json_schema_extra={"items": {"type": "string", "maxLength": MAX_SOURCE_ID_CHARS}},
+    )
+    refused: bool = Field(
+        default=False, description="True when the passages do not contain the answer."
     )
 
 
@@ -86,6 +90,7 @@ def prompt_values(
     history: History,
     confidence: Confidence | None = None,
     output_cap: int | None = None,
+    wording: Wording = NEUTRAL,
 ) -> dict[str, str]:
     """The GENERATE prompt's arguments (earlier turns first, when there are any; retrieval's
     confidence last, when the strategy rated it), with the lengths of the answer's schema
@@ -94,7 +99,8 @@ def prompt_values(
         "question": question,
         "passages": format_passages(documents),
         "history": format_history(history) + "\n\n" if history else "",
-        "refusal": REFUSAL,
+        "library": wording.library,
+        "refusal": wording.refusal,
         "confidence": confidence_note(confidence),
         **lengths(GeneratedAnswer, output_cap, GENERATE.fields),
     }
@@ -125,15 +131,18 @@ def _best_sentence(wanted: set[str], doc: Document) -> tuple[float, str]:
     return best
 
 
-def extract_answer(question: str, documents: Sequence[Document]) -> GeneratedAnswer:
-    """The best-matching sentence, plus the best sentence of a passage it points to."""
+def extract_answer(
+    question: str, documents: Sequence[Document], refusal: str = DEFAULT_REFUSAL
+) -> GeneratedAnswer:
+    """The best-matching sentence, plus the best sentence of a passage it points to; the
+    refusal (flagged) when no sentence matches the question well enough."""
     wanted = set(terms(question))
     scored = sorted(
         ((*_best_sentence(wanted, doc), index) for index, doc in enumerate(documents)),
         key=lambda item: (-item[0], item[2]),
     )
     if not scored or scored[0][0] < MIN_ANSWER_OVERLAP:
-        return GeneratedAnswer(answer=REFUSAL, source_ids=[])
+        return GeneratedAnswer(answer=refusal, source_ids=[], refused=True)
     _, sentence, index = scored[0]
     first = documents[index]
     parts = [f"{sentence} [{first.passage_id}]"]
@@ -168,12 +177,12 @@ class RuleGenerator(RuleStep):
         confidence: Confidence | None = None,
     ) -> StepResult[GeneratedAnswer]:
         t0 = time.perf_counter()
-        answer = extract_answer(question, documents)
+        answer = extract_answer(question, documents, self.wording.refusal)
         caveat = below_threshold(confidence)
-        if caveat and answer.answer != REFUSAL:
+        if caveat and not answer.refused:
             text = fit(f"{answer.answer} {caveat}", MAX_ANSWER_CHARS, "the answer")
             answer = answer.model_copy(update={"answer": text})
-        values = prompt_values(question, documents, history, confidence)
+        values = prompt_values(question, documents, history, confidence, wording=self.wording)
         return self.costed("generate", GENERATE, answer, answer.model_dump_json(), t0, **values)
 
 
@@ -182,9 +191,10 @@ class LLMGenerator:
 
     kind = "llm"
 
-    def __init__(self, client: StructuredClient) -> None:
+    def __init__(self, client: StructuredClient, wording: Wording = NEUTRAL) -> None:
         self.client = client
         self.model = client.model
+        self.wording = wording
 
     async def __call__(
         self,
@@ -194,7 +204,7 @@ class LLMGenerator:
         confidence: Confidence | None = None,
     ) -> StepResult[GeneratedAnswer]:
         values = prompt_values(
-            question, documents, history, confidence, self.client.max_output_tokens
+            question, documents, history, confidence, self.client.max_output_tokens, self.wording
         )
         answer, usage = await self.client.structured(
             "generate", GENERATE, GeneratedAnswer, **values
@@ -204,7 +214,10 @@ class LLMGenerator:
         notes = list(usage.notes) + (
             [f"cited ids not among the passages dropped: {', '.join(unknown)}"] if unknown else []
         )
+        # the model's flag, or the refusal it was asked to give word for word (a model that
+        # does not fill the flag): either way a refusal, whatever else the answer says
+        refused = answer.refused or " ".join(answer.answer.split()) == self.wording.refusal
         answer = answer.model_copy(
-            update={"source_ids": [i for i in answer.source_ids if i in known]}
+            update={"source_ids": [i for i in answer.source_ids if i in known], "refused": refused}
         )
         return StepResult(value=answer, usage=usage.model_copy(update={"notes": notes}))

@@ -71,12 +71,14 @@ class IterRetGenStrategy(RetrievalStrategy):
                 try:
                     draft = await self.steps.generate(question, ranked[: self.k])
                     answer, usage = clean(draft.value.answer), draft.usage
+                    refused = draft.value.refused
                 except StepFailedError as failed:  # an unusable reply: the question alone next
-                    answer, usage = "", failed.usage
+                    answer, usage, refused = "", failed.usage, False
                 if usage:
                     hop.usage.append(usage)
-                hop.reasoning = [answer]
-                query = next_query(question, answer)
+                hop.reasoning = [f"(refused) {answer}" if refused else answer]
+                # a draft that found nothing has nothing to add to the search: the question alone
+                query = next_query(question, "" if refused else answer)
             hop.latency_s = elapsed(start)
         return dataclasses.replace(state, questions=questions, context=ranked[: self.k], hops=hops)
 

@@ -88,6 +88,8 @@ class SelfAskStrategy(RetrievalStrategy):
             try:
                 answer = await self.steps.generate(follow_up, found[0].context[: self.answer_k])
                 intermediate, usage = clean(answer.value.answer), answer.usage
+                if answer.value.refused:  # nothing found: no answer to ask on from or compose
+                    intermediate = ""
             except StepFailedError as failed:  # an unusable reply: asked on without an answer
                 intermediate, usage = "", failed.usage
             asked.append((follow_up, intermediate))

@@ -94,6 +94,8 @@ def render_trace(row: QuestionRow, corpus: Corpus | None = None) -> None:
     with answer:
         st.markdown("**Answer**")
         st.write(row.answer or "—")
+        if row.refused:
+            st.caption("A refusal: the generator found no answer in the passages.")
         st.markdown("**Sources (passages handed to generation)**")
         sources = _passages(row.context_ids, row.gold_ids, row)
         st.table(sources if row.gold_ids else sources.drop(columns="gold"))

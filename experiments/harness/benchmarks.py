@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from caprag.errors import ConfigError
 from caprag.retrieval.books import BOOK_ID, Book, BookMeta, Passage, slugify
 from caprag.steps.analyze import Links
+from caprag.text import DEFAULT_LIBRARY
 from experiments.harness.data import Dataset, EvalCase, check_corpus_options
 from experiments.results.questions import DatasetError, GoldQuestion, explain, read_jsonl
 
@@ -168,6 +169,7 @@ def load_benchmark(
     types: Sequence[str] | None = None,
     links: Links = "names",
     calibration: str = "curated",
+    library: str | None = None,
 ) -> Dataset:
     """Load a benchmark file as a dataset with its own corpus; cases keep the file's order.
 
@@ -225,6 +227,7 @@ def load_benchmark(
         books=[build_book(name, path, records)],
         links=links,
         calibration=calibration,
+        library=library or DEFAULT_LIBRARY,  # its one book's title names the file, not the corpus
     )
 
 

@@ -15,13 +15,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from caprag.errors import CapragError, ConfigError
 from caprag.llm import StructuredClient
-from caprag.retrieval.books import Book, load_books
+from caprag.retrieval.books import Book, corpus_library, library_of, load_books
 from caprag.retrieval.hybrid import RRF_K
 from caprag.retrieval.retrievers import RETRIEVERS, Index, make_index
 from caprag.serve.services import Pipeline
-from caprag.steps import ROLES, Steps, build_steps, rule_steps
+from caprag.steps import ROLES, Steps, Wording, build_steps, rule_steps
 from caprag.steps.analyze import Links
+from caprag.steps.base import NEUTRAL
 from caprag.strategies import RetrievalStrategy, Retriever
+from caprag.text import DEFAULT_REFUSAL
 from experiments.harness.benchmarks import pool_notice
 from experiments.harness.data import Dataset
 from experiments.harness.dryrun import (
@@ -101,7 +103,19 @@ def instantiate_or_raise(cfg: DictConfig, what: str, **overrides: Any) -> Any:
         raise CapragError(f"cannot build {what}: {exc}") from exc
 
 
-def steps_from_config(cfg: DictConfig, repeat: int = 0, links: Links = "citations") -> Steps:
+def wording_of(cfg: DictConfig, dataset: Dataset) -> Wording:
+    """How the steps speak of this dataset's corpus: `dataset.library` (else the words its books'
+    titles share: `caprag.text.library_name`) and `pipeline.refusal`."""
+    library = dataset.library
+    if library is None:
+        books = dataset.books
+        library = library_of(books) if books else corpus_library(str(cfg.retriever.index.corpus))
+    return Wording(library=library, refusal=str(cfg.pipeline.get("refusal") or DEFAULT_REFUSAL))
+
+
+def steps_from_config(
+    cfg: DictConfig, repeat: int = 0, links: Links = "citations", wording: Wording = NEUTRAL
+) -> Steps:
     """The configured steps: each role (expander, analyzer, ...) by its rule or by the `llm`
     group's client; a client with a seed gets experiment.seed + repeat. An `llm._target_` (tests,
     benchmarks) builds the whole Steps itself."""
@@ -125,6 +139,7 @@ def steps_from_config(cfg: DictConfig, repeat: int = 0, links: Links = "citation
         price_model=str(cfg.llm.get("price_model") or "gpt-4o-mini"),
         choices=choices,
         links=links,
+        wording=wording,
     )
 
 
@@ -149,10 +164,11 @@ def build_components(cfg: DictConfig, *, llm: bool = True) -> Components:
     # 1. The questions: a broken line fails here, before any question runs.
     dataset: Dataset = instantiate_or_raise(cfg.dataset, "the dataset")
     # 2. The LLM and judge: a missing key fails here.
+    wording = wording_of(cfg, dataset)
     model = (
-        steps_from_config(cfg, links=dataset.links)
+        steps_from_config(cfg, links=dataset.links, wording=wording)
         if llm
-        else rule_steps(price_model=estimate_price_model(cfg), links=dataset.links)
+        else rule_steps(estimate_price_model(cfg), dataset.links, wording)
     )
     scorers: list[Scorer] = []
     if llm and cfg.experiment.get("ragas", True):
@@ -217,7 +233,11 @@ def evaluator_for(cfg: DictConfig, parts: Components, llm: Steps) -> Evaluator:
 def repeat_evaluator(cfg: DictConfig, parts: Components, repeat: int) -> Evaluator:
     """The evaluator of one repeat: the first uses the built steps, later ones new LLM clients
     seeded experiment.seed + repeat."""
-    llm = parts.steps if repeat == 0 else steps_from_config(cfg, repeat, parts.dataset.links)
+    llm = (
+        parts.steps
+        if repeat == 0
+        else steps_from_config(cfg, repeat, parts.dataset.links, wording_of(cfg, parts.dataset))
+    )
     return evaluator_for(cfg, parts, llm)
 
 

@@ -82,6 +82,9 @@ class Dataset:
     calibration: str = DEFAULT_CALIBRATION
     """Adaptive's confidence model for this corpus (`strategy.calibration=auto`), fitted on
     other data."""
+    library: str | None = None
+    """What the steps' prompts call the corpus (`dataset.library`); None: from its books' titles
+    (`caprag.text.library_name`)."""
 
     @property
     def content_hash(self) -> str:
@@ -143,6 +146,7 @@ def load_dataset(
     limit_per_set: int | Mapping[str, int] | None = None,
     links: Links = "citations",
     calibration: str = DEFAULT_CALIBRATION,
+    library: str | None = None,
 ) -> Dataset:
     """Load the named sets (or one explicit file); DatasetError with file:line on a bad line.
 
@@ -184,7 +188,14 @@ def load_dataset(
     if limit is not None:
         cases = cases[:limit]
     check_corpus_options(links, calibration)
-    return Dataset(name=name, cases=cases, files=files, links=links, calibration=calibration)
+    return Dataset(
+        name=name,
+        cases=cases,
+        files=files,
+        links=links,
+        calibration=calibration,
+        library=library,
+    )
 
 
 def check_corpus_options(links: str, calibration: str) -> None:

@@ -20,6 +20,7 @@ from pydantic_core import PydanticCustomError
 
 from caprag.errors import ConfigError
 from caprag.options import TARGETS, StrategyOptions
+from caprag.text import DEFAULT_REFUSAL
 
 URI_FORMS = (
     "sqlite:///PATH, file:PATH, a plain folder path, http(s)://HOST[:PORT], "
@@ -134,6 +135,15 @@ class Experiment(Closed):
 class Pipeline(Closed):
     rewrite: Annotated[bool, flag("rewrite follow-ups into standalone questions")] = True
     history_pairs: Annotated[int, whole(0, "question/answer pairs the steps see")] = 20
+    refusal: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=200,
+            description="a sentence of 1 to 200 characters (the generator's answer when the "
+            "passages hold none)",
+        ),
+    ] = DEFAULT_REFUSAL
 
 
 class Tracking(Closed):

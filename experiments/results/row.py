@@ -82,6 +82,9 @@ class QuestionRow(BaseModel):
     error: str = ""
     main_question: str = ""
     answer: str = ""
+    refused: bool = Field(
+        default=False, description="The generator found no answer in the passages (its flag)."
+    )
     context_ids: list[str] = Field(
         default_factory=list, description="The passages handed to generation, in rank order."
     )
@@ -124,6 +127,7 @@ class QuestionRow(BaseModel):
         context's, cut to PASSAGE_CHARS) and every call."""
         self.main_question = result.main_question
         self.answer = result.answer
+        self.refused = result.refused
         self.context_ids = [d.passage_id for d in result.context]
         self.timings = {**result.timings, "total": result.latency_s}
         self.hops = [_without_exchanges(hop) for hop in result.hops]

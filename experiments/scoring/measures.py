@@ -7,17 +7,6 @@ import string
 from collections import Counter
 from collections.abc import Sequence
 
-REFUSAL_MARKERS = (
-    "do not say",
-    "does not say",
-    "don't say",
-    "not covered",
-    "cannot answer",
-    "can't answer",
-    "no information",
-    "not mentioned",
-)
-
 
 def normalize_answer(text: str) -> str:
     """SQuAD normalisation: lower case, no punctuation, no articles, single spaces."""
@@ -50,12 +39,6 @@ def token_f1(prediction: str, gold: str) -> float:
     precision = same / len(pred)
     recall = same / len(ref)
     return 2 * precision * recall / (precision + recall)
-
-
-def is_refusal(answer: str) -> bool:
-    """Whether the answer says the rulebooks do not answer the question."""
-    lowered = answer.lower()
-    return any(marker in lowered for marker in REFUSAL_MARKERS)
 
 
 def recall_at_k(retrieved: Sequence[str], gold: Sequence[str], k: int) -> float:

@@ -81,7 +81,7 @@ def score_answer(turn: GoldQuestion, result: AskResult) -> Scores:
     if result.answer_error:
         names = ("exact_match", "f1", "false_refusal", "correct_refusal")
         return {}, {name: result.answer_error for name in names}
-    refused = measures.is_refusal(result.answer)
+    refused = result.refused  # the generator's flag: any wording of the refusal counts
     if not turn.gold_passages:
         reason = "unanswerable question has no gold answer"
         return {"correct_refusal": float(refused)}, {

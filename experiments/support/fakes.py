@@ -34,7 +34,7 @@ class InstantStep:
 def _first_passage(question: str, documents: Sequence[Document], *_history: Any) -> Any:
     """The first passage's opening, citing it."""
     if not documents:
-        return GeneratedAnswer(answer="The rulebooks do not say.")
+        return GeneratedAnswer(answer="The sources do not say.", refused=True)
     first = documents[0]
     return GeneratedAnswer(answer=first.text[:200], source_ids=[first.passage_id])
 

@@ -349,7 +349,7 @@ async def test_llm_confidence_drives_the_loop(books: MemoryRetriever) -> None:
     assert [u.step for u in state.hops[0].usage] == ["classify", "assess"]
     assert state.hops[2].missing_info == ["torch duration"]
     assert state.hops[1].queries == [f"{CROSS_REF} Old Soldier"]  # the question and what it lacks
-    assert "judge whether retrieved rulebook passages" in str(chat.calls[1][0].content)
+    assert "judge whether passages retrieved from the library" in str(chat.calls[1][0].content)
 
 
 async def test_confidence_outside_zero_to_one_is_recorded_as_a_failed_call(
@@ -395,7 +395,7 @@ async def test_rule_assess_is_the_free_heuristic(books: MemoryRetriever) -> None
     assert assessed.signals == heuristic_confidence(SIMPLE, docs).as_dict()
     classified = await rule_steps().classify("Can I dodge after a Flurry?")
     assert classified.value.query_type == "decision"
-    assert classified.usage is not None and classified.usage.prompt_version == "classify-v2"
+    assert classified.usage is not None and classified.usage.prompt_version == "classify-v3"
 
 
 def test_powers_are_named_quick_balanced_deep_beside_their_numbers() -> None:

@@ -17,7 +17,7 @@ from caprag.registry import ROLES
 from caprag.schemas import Document
 from caprag.serve.services import build_strategy, steps_from_settings
 from caprag.state import GraphState
-from caprag.steps import Steps, rule_steps
+from caprag.steps import Steps, Wording, rule_steps
 from caprag.steps.ask import ASK, next_turn, subjects
 from caprag.steps.generate import GENERATE, GeneratedAnswer
 from caprag.steps.reason import REASON, next_thought
@@ -328,3 +328,51 @@ async def test_an_unusable_intermediate_answer_is_recorded_and_the_loop_goes_on(
     failed = [u for hop in state.hops for u in hop.usage if u.step == "generate"]
     assert failed and all(u.error for u in failed)  # each kept, with its error
     assert len(state.hops) >= 2 and 1 <= len(state.context) <= 2
+
+
+# --- A refusal is never searched --------------------------------------------------------------
+
+UNANSWERABLE = "What tax does the Moon Guild charge on lanterns?"
+"""No passage of the corpus is about it: every draft and intermediate answer refuses."""
+
+
+def every_query(state: GraphState) -> list[str]:
+    return [query for hop in state.hops for query in hop.queries]
+
+
+@pytest.mark.parametrize("refusal", ["The sources do not say.", "Nothing here on that."])
+async def test_iter_retgen_never_searches_a_refusal(wiki: MemoryRetriever, refusal: str) -> None:
+    """A rule draft that found nothing, and a model's refusal in any wording (its flag): the
+    next round searches the question alone."""
+    worded = rule_steps(wording=Wording(refusal=refusal))
+    chat = ScriptedChatModel(
+        replies=[GeneratedAnswer(answer=f"Sorry: {refusal}", refused=True)], repeat_last=True
+    )
+    for steps in (worded, only_llm(chat, "generator")):
+        state = await run(IterRetGenStrategy(wiki, steps, k=2, rounds=3), UNANSWERABLE)
+        assert every_query(state) == [UNANSWERABLE] * 3
+        assert all(h.reasoning and h.reasoning[0].startswith("(refused)") for h in state.hops[:2])
+
+
+async def test_self_ask_never_asks_on_from_a_refusal(wiki: MemoryRetriever) -> None:
+    """The intermediate answers refuse: no follow-up is built from their words, the transcript
+    says there was no answer, and no final answer is composed from a refusal."""
+    asker = ScriptedChatModel(
+        replies=[
+            {"follow_up": "Who runs the Moon Guild?", "final_answer": ""},
+            {"follow_up": "", "final_answer": "unknown"},
+        ]
+    )
+    answers = ScriptedChatModel(
+        replies=[GeneratedAnswer(answer="No passage says.", refused=True)], repeat_last=True
+    )
+    steps = dataclasses.replace(
+        only_llm(asker, "asker"), generate=only_llm(answers, "generator").generate
+    )
+    state = await run(SelfAskStrategy(wiki, steps, k=2), UNANSWERABLE)
+    assert every_query(state) == [UNANSWERABLE, "Who runs the Moon Guild?"]
+    assert "Intermediate answer: (no answer)" in as_sent(asker.calls[1])[1]["content"]
+    rule = await run(SelfAskStrategy(wiki, rule_steps(), k=2), UNANSWERABLE)
+    refusal = rule_steps().generate.wording.refusal  # type: ignore[attr-defined]
+    assert not any(refusal.lower() in q.lower() for q in every_query(rule))
+    assert not any("say" in q.lower().split() for q in every_query(rule))

@@ -32,11 +32,6 @@ def test_cumulative_recall_shows_what_each_hop_added() -> None:
     )
 
 
-def test_refusal_detection() -> None:
-    assert measures.is_refusal("The rulebooks do not say.")
-    assert not measures.is_refusal("It costs 12 MP.")
-
-
 def row(
     qid: str, values: dict[str, float], missing: dict[str, str] | None = None, error: str = ""
 ) -> QuestionRow:

@@ -8,9 +8,10 @@ import pytest
 
 from caprag.serve.services import Pipeline
 from caprag.steps import rule_steps
-from caprag.steps.generate import REFUSAL, extract_answer
+from caprag.steps.generate import extract_answer
 from caprag.steps.rewrite import rewrite_with_history
 from caprag.strategies import STRATEGIES
+from caprag.text import DEFAULT_REFUSAL
 from tests.fakes import MemoryRetriever
 
 
@@ -50,7 +51,12 @@ async def test_runs_with_the_network_unreachable(
 
 def test_refuses_when_nothing_matches(books: MemoryRetriever) -> None:
     docs = books.search("What is the capital of the moon kingdom?", 3)
-    assert extract_answer("What is the capital of the moon kingdom?", docs).answer == REFUSAL
+    refused = extract_answer("What is the capital of the moon kingdom?", docs)
+    assert (refused.answer, refused.refused) == (DEFAULT_REFUSAL, True)
+    worded = extract_answer("What is the capital of the moon kingdom?", docs, "Not in the books.")
+    assert (worded.answer, worded.refused) == ("Not in the books.", True)
+    asked = "How many stamina points does a short rest restore?"
+    assert not extract_answer(asked, books.search(asked, 3)).refused
 
 
 def test_rewrite_resolves_a_pronoun_from_history() -> None:

@@ -6,9 +6,13 @@ import re
 
 import pytest
 
+from caprag.config import PROJECT_ROOT
 from caprag.llm.budget import model_limits, prompt_values
 from caprag.llm.prompt import Prompt, PromptError
+from caprag.retrieval.books import corpus_library
 from caprag.steps import ALL_PROMPTS, analyze, assess, classify, expand, generate, prompt_versions
+from caprag.steps.base import Wording
+from caprag.text import DEFAULT_REFUSAL, library_name
 from tests.fakes import FLURRY
 
 PLACEHOLDER = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")
@@ -41,7 +45,19 @@ def test_system_prompts_have_their_numbers_filled() -> None:
     system, _user = analyze.ANALYZE.render(**values)
     assert "at most 3 new_queries" in str(system.content)
     system, _user = generate.GENERATE.render(**generate.prompt_values("q", DOCS, ()))
-    assert f"answer exactly: '{generate.REFUSAL}'" in str(system.content)
+    assert f"answer exactly: '{DEFAULT_REFUSAL}'" in str(system.content)
+    assert "about the library using only" in str(system.content)
+
+
+def test_the_prompts_name_the_library_and_the_refusal_they_are_given() -> None:
+    """No prompt says 'rulebooks': each names the corpus it was built for (Wording)."""
+    wording = Wording(library="the Ashen March archive", refusal="Nothing on that here.")
+    values = generate.prompt_values("q", DOCS, (), wording=wording)
+    system, _user = generate.GENERATE.render(**values)
+    assert "about the Ashen March archive" in str(system.content)
+    assert "answer exactly: 'Nothing on that here.'" in str(system.content)
+    for prompt in ALL_PROMPTS:
+        assert "rulebook" not in (prompt.system + prompt.user).lower(), prompt.name
 
 
 def test_prompt_versions_name_every_step() -> None:
@@ -84,6 +100,7 @@ def test_prompts_as_sent_state_the_lengths_the_fitted_schema_allows(cap: int) ->
     expanded = model_limits(expand.Questions, cap)["questions"]
     system, _user = expand.EXPAND.render(
         question="q",
+        library="the library",
         n=str(expand.asked_for(4, cap)),
         **prompt_values(expand.Questions, cap, expand.EXPAND.fields),
     )
@@ -91,7 +108,9 @@ def test_prompts_as_sent_state_the_lengths_the_fitted_schema_allows(cap: int) ->
 
     reasoning = model_limits(classify.QueryClass, cap)["reasoning"]
     system, _user = classify.CLASSIFY.render(
-        question="q", **prompt_values(classify.QueryClass, cap, classify.CLASSIFY.fields)
+        question="q",
+        library="the library",
+        **prompt_values(classify.QueryClass, cap, classify.CLASSIFY.fields),
     )
     assert f"(at most {reasoning.chars} characters)" in str(system.content)
 
@@ -100,3 +119,14 @@ def test_rule_steps_state_the_schemas_own_bounds() -> None:
     """Without a cap (a rule step costed as if its prompt were sent) the schema's own bounds."""
     system, _user = generate.GENERATE.render(**generate.prompt_values("q", DOCS, ()))
     assert f"at most {generate.MAX_ANSWER_CHARS} characters" in str(system.content)
+
+
+def test_the_library_is_named_from_its_books_titles() -> None:
+    assert library_name(["Cinderwake Core Rules", "Cinderwake Combat: Steel and Sinew"]) == (
+        "the Cinderwake books"
+    )
+    assert library_name(["The Guide of Rivers", "The Guide of Hills"]) == "the Guide books"
+    assert library_name(["Hill Almanac"]) == "the book 'Hill Almanac'"
+    assert library_name(["Hills", "Rivers"]) == library_name([]) == "the library"
+    assert corpus_library(PROJECT_ROOT / "datasets" / "books") == "the Cinderwake books"
+    assert corpus_library(PROJECT_ROOT / "no-such-folder") == "the library"

@@ -104,7 +104,9 @@ async def test_never_satisfied_analyzer_stops_at_three_hops_and_generation_runs(
     assert result.hop_count == 3
     assert [hop.decision is not None for hop in result.hops] == [True, True, False]
     assert result.answer == "Sleep restores stamina."
-    analyze_calls = [c for c in chat.calls if "decide whether retrieved" in str(c[0].content)]
+    analyze_calls = [
+        c for c in chat.calls if "decide whether passages retrieved" in str(c[0].content)
+    ]
     assert len(analyze_calls) == 2
 
 

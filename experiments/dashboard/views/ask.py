@@ -118,6 +118,8 @@ def render_turn(number: int, result: AskResult, caption: str) -> None:
     st.markdown(f"**Turn {number}:** {result.question}")
     st.caption(f"searched as: {result.main_question}")
     st.write(result.answer or "— (no answer)")
+    if result.refused:
+        st.caption("A refusal: the generator found no answer in the passages.")
     st.markdown("Sources:\n" + sources_text(result))
     st.caption(caption)
 
