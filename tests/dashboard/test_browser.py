@@ -87,6 +87,12 @@ def choose(page: Page, box: int | str, typed: str) -> None:
 
     On a busy machine the keys can reach the box before its list is open, and the pick is lost;
     a pick the box does not hold is made again (picking the held option again changes nothing).
+
+    What the box holds is read after it loses focus: while it has focus, its input shows what was
+    typed, not the option picked. In Streamlit 1.67 an Enter can close the list without picking
+    (seen while a script run re-renders the box, e.g. the one a download button starts): the
+    input then still reads the typed text, list closed, while the option held, and sent with the
+    next button press, is the old one; on blur the box puts the held option's text back.
     """
     boxes = page.locator("[data-testid='stSelectbox']")
     found = boxes.nth(box) if isinstance(box, int) else boxes.filter(has_text=box).first
@@ -97,8 +103,9 @@ def choose(page: Page, box: int | str, typed: str) -> None:
         page.keyboard.type(typed)
         page.keyboard.press("Enter")
         try:
-            held = found.get_by_role("combobox")  # its value is the option shown
+            held = found.get_by_role("combobox")  # unfocused, its value is the option held
             expect(held).to_have_attribute("aria-expanded", "false", timeout=PICK_WAIT_MS)
+            held.blur()
             expect(held).to_have_value(wanted, timeout=PICK_WAIT_MS)
             break
         except AssertionError:
