@@ -135,7 +135,7 @@ def test_run_end_to_end_is_logged_and_read_back(tmp_path: Path) -> None:
     logged = mlflow.get_run(result.run_id)
     assert logged.data.params["strategy._target_"] == "caprag.strategies.MultiHopStrategy"
     assert logged.data.params["retriever.k"] == "2"
-    assert logged.data.tags["caprag.prompt.analyze"] == "analyze-v3"
+    assert logged.data.tags["caprag.prompt.analyze"] == "analyze-v4"
     assert len(logged.data.tags["caprag.dataset_hash"]) == 16
     assert logged.data.metrics["recall_at_k"] == pytest.approx(result.mean("recall_at_k"))
     assert logged.data.metrics["correct_refusal.coverage"] == pytest.approx(1 / 9)

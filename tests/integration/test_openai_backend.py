@@ -46,7 +46,7 @@ async def test_structured_decision_is_parsed_and_usage_recorded() -> None:
     assert (result.usage.prompt_tokens, result.usage.completion_tokens) == (120, 30)
     assert result.usage.counted == "reported"
     assert result.usage.cost_usd == pytest.approx((120 * 0.15 + 30 * 0.60) / 1e6)
-    assert result.usage.prompt_version == "analyze-v3"
+    assert result.usage.prompt_version == "analyze-v4"
     assert result.usage.messages == request_messages(stub.bodies[0])
     assert result.usage.reply and "Old Soldier (Gifts, p. 7)" in result.usage.reply
     request = stub.bodies[0]
