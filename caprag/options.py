@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, InstanceOf, ValidationError, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic_core import PydanticCustomError, PydanticUndefined
 
 from caprag.calibration import Calibration, calibration_names
 from caprag.clock import Clock
@@ -31,14 +31,24 @@ CROSS = "options_across"
 """The error type of a check across options; its context names the key and what is allowed."""
 
 
-def whole(minimum: int, meaning: str, default: int | None = None) -> Any:
-    """A whole number of at least `minimum`."""
+def whole(minimum: int, meaning: str, default: Any = PydanticUndefined) -> Any:
+    """A whole number of at least `minimum` (no default unless given)."""
     return Field(
         default, ge=minimum, description=f"a whole number of at least {minimum} ({meaning})"
     )
 
 
-def flag(meaning: str, default: bool = False) -> Any:
+def above_zero(meaning: str, default: Any = PydanticUndefined) -> Any:
+    """A number above 0."""
+    return Field(default, gt=0, allow_inf_nan=False, description=f"a number above 0 ({meaning})")
+
+
+def at_least_zero(meaning: str, default: Any = PydanticUndefined) -> Any:
+    """A number of at least 0."""
+    return Field(default, ge=0, allow_inf_nan=False, description=f"a number at least 0 ({meaning})")
+
+
+def flag(meaning: str, default: Any = PydanticUndefined) -> Any:
     """true or false."""
     return Field(default, description=f"true or false ({meaning})")
 
@@ -53,6 +63,11 @@ def shown(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return "null" if value is None else repr(value) if isinstance(value, str) else str(value)
+
+
+def not_allowed_line(key: str, value: Any, allowed: str) -> str:
+    """`KEY=VALUE is not allowed: expected ALLOWED`: how every bad setting is reported."""
+    return f"{key}={shown(value)} is not allowed: expected {allowed}"
 
 
 class StrategyOptions(BaseModel):
@@ -115,7 +130,7 @@ class StrategyOptions(BaseModel):
         else:
             field = cls.model_fields.get(option)
             allowed = (field.description if field else None) or "a valid value"
-        return OptionError(f"{key}={shown(value)} is not allowed: expected {allowed}")
+        return OptionError(not_allowed_line(key, value, allowed))
 
     @classmethod
     def from_env(
@@ -189,7 +204,7 @@ class MultiHopOptions(StrategyOptions):
         int, whole(1, "new passages kept per follow-up query; the budget k stays fixed", 1)
     ]
     analyze_k: Annotated[int, whole(1, "passages the analyzer reads per hop", 5)]
-    expand_first_hop: Annotated[bool, flag("also search the question's expansion on hop 1")]
+    expand_first_hop: Annotated[bool, flag("also search the question's expansion on hop 1", False)]
     n_subquestions: Annotated[int, whole(1, "sub-questions of that expansion", 3)]
 
 
@@ -300,13 +315,12 @@ class AdaptiveOptions(StrategyOptions):
     ] = None
     timeout_s: Annotated[
         float,
-        Field(
-            gt=0,
-            allow_inf_nan=False,
-            description="a number above 0 (seconds the retrieval may take from classification "
-            "on; the first search always completes)",
+        above_zero(
+            "seconds the retrieval may take from classification on; the first search always "
+            "completes",
+            5.0,
         ),
-    ] = 5.0
+    ]
     clock: Annotated[
         ClockChoice | InstanceOf[Clock] | Callable[[], Clock],
         Field(
@@ -316,13 +330,8 @@ class AdaptiveOptions(StrategyOptions):
     ] = "searches"
     seconds_per_search: Annotated[
         float,
-        Field(
-            ge=0,
-            allow_inf_nan=False,
-            description="a number at least 0 (what each search after the first costs the "
-            "timeout, clock=searches)",
-        ),
-    ] = 1.0
+        at_least_zero("what each search after the first costs the timeout, clock=searches", 1.0),
+    ]
     calibration: Annotated[
         str | InstanceOf[Calibration] | dict[str, Any] | None,
         Field(

@@ -264,12 +264,17 @@ def library_of(books: Iterable[Book]) -> str:
 
 
 def corpus_library(path: Path | str) -> str:
-    """What the steps call the corpus at `path`, from its books' titles; a folder that holds no
-    readable book is 'the library' (ingesting it says what is wrong)."""
+    """What the steps call the corpus at `path`, from its books' titles (their front matter
+    only: the bodies are not parsed); a folder that holds no readable book is 'the library'
+    (ingesting it says what is wrong)."""
     try:
-        return library_of(load_books(path))
+        titles = [
+            _parse_front_matter(file, read_text(file).splitlines())[0].title
+            for file in find_book_files(path)
+        ]
     except (CapragError, OSError):
         return DEFAULT_LIBRARY
+    return library_name(titles)
 
 
 def main(argv: list[str] | None = None) -> int:

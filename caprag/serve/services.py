@@ -8,7 +8,7 @@ import functools
 import time
 import unicodedata
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
@@ -214,12 +214,18 @@ def steps_from_settings(settings: Settings) -> Steps:
 
 
 def build_strategy(
-    name: str, retriever: Retriever, steps: Steps, settings: Settings
+    name: str,
+    retriever: Retriever,
+    steps: Steps,
+    settings: Settings,
+    options: Mapping[str, Any] | None = None,
 ) -> RetrievalStrategy:
     """The registered strategy the name selects, with its dependencies passed in and the
-    options the environment sets for it (its `served_options`: `CAPRAG_<STRATEGY>_<OPTION>`)."""
+    options the environment sets for it (its `served_options`: `CAPRAG_<STRATEGY>_<OPTION>`;
+    `options`: those, read already)."""
     cls = STRATEGIES.choose(name)
-    return cls(retriever, steps, k=settings.k, **cls.served_options())
+    served = cls.served_options() if options is None else options
+    return cls(retriever, steps, k=settings.k, **served)
 
 
 class _Holders:
@@ -645,14 +651,13 @@ def build_pipeline(
     from caprag.retrieval.ingest import ingest_path, open_retriever
 
     settings = settings or load_settings()
-    STRATEGIES.choose(
-        settings.retrieval_strategy
-    ).served_options()  # a bad option: before the index
+    name = settings.retrieval_strategy
+    options = STRATEGIES.choose(name).served_options()  # a bad one fails before the index opens
     steps = steps_from_settings(settings)
     index = open_retriever(settings)
     if ingest:
         ingest_path(settings.corpus, settings, index=index)
-    strategy = build_strategy(settings.retrieval_strategy, index, steps, settings)
+    strategy = build_strategy(name, index, steps, settings, options)
     opener = functools.partial(
         open_checkpointer, settings.checkpointer, retention_from_settings(settings)
     )

@@ -19,7 +19,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic_core import PydanticCustomError
 
 from caprag.errors import ConfigError
-from caprag.options import TARGETS, StrategyOptions
+from caprag.options import (
+    TARGETS,
+    StrategyOptions,
+    above_zero,
+    at_least_zero,
+    flag,
+    not_allowed_line,
+    shown,
+    whole,
+)
 from caprag.text import DEFAULT_REFUSAL
 
 URI_FORMS = (
@@ -39,30 +48,10 @@ NOT_ALLOWED = "not_allowed"
 """The error type of a check across fields; its context holds key, value and allowed."""
 
 
-def whole(minimum: int, meaning: str) -> Any:
-    """A whole number of at least `minimum`."""
-    return Field(ge=minimum, description=f"a whole number of at least {minimum} ({meaning})")
-
-
 def whole_or_null(minimum: int, null: str, meaning: str) -> Any:
     """A whole number of at least `minimum`, or null (meaning `null`)."""
     allowed = f"a whole number of at least {minimum} or null for {null} ({meaning})"
     return Field(ge=minimum, description=allowed)
-
-
-def above_zero(meaning: str) -> Any:
-    """A number above 0."""
-    return Field(gt=0, allow_inf_nan=False, description=f"a number above 0 ({meaning})")
-
-
-def at_least_zero(meaning: str) -> Any:
-    """A number of at least 0."""
-    return Field(ge=0, allow_inf_nan=False, description=f"a number at least 0 ({meaning})")
-
-
-def flag(meaning: str) -> Any:
-    """true or false."""
-    return Field(description=f"true or false ({meaning})")
 
 
 class Section(BaseModel):
@@ -209,14 +198,8 @@ def not_allowed(key: str, value: Any, allowed: str) -> PydanticCustomError:
     )
 
 
-def _shown(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return "null" if value is None else repr(value) if isinstance(value, str) else str(value)
-
-
 def _bad(key: str, value: Any, allowed: str) -> ConfigError:
-    return ConfigError(f"{key}={_shown(value)} is not allowed: expected {allowed}")
+    return ConfigError(not_allowed_line(key, value, allowed))
 
 
 def _section_data(cfg: DictConfig) -> dict[str, Any]:
@@ -290,7 +273,7 @@ def _one_line(error: ValidationError, data: dict[str, Any]) -> ConfigError:
     if unknown:
         section = ".".join(path[:-1])
         return ConfigError(
-            f"{key}={_shown(value)} is not allowed: {section} has no setting {path[-1]!r}; "
+            f"{key}={shown(value)} is not allowed: {section} has no setting {path[-1]!r}; "
             + _did_you_mean(path[-1], field)
         )
     allowed = field.description if field is not None else None

@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from caprag.config import PROJECT_ROOT
 from caprag.errors import ConfigError
@@ -20,6 +19,7 @@ from caprag.steps import rule_steps
 from caprag.strategies import STRATEGIES, RetrievalStrategy
 from experiments.harness.groups import strategy_node
 from experiments.harness.settings import check_settings
+from tests.unit.test_settings_schema import composed
 
 BAD = "bogus"
 """A value no option allows: a word where every option wants a number, a flag, a list, a
@@ -39,11 +39,6 @@ class NoRetriever:
 
     def search(self, query: str, k: int | None = None) -> list[Any]:
         raise AssertionError("an option check searched")
-
-
-def composed(*overrides: str) -> DictConfig:
-    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
 
 
 def one_line(error: pytest.ExceptionInfo[ConfigError], key: str, value: str) -> str:
