@@ -112,6 +112,8 @@ LINGER_S = 0.1
 """Seconds the writer gathers rows after the first of a batch (one search for earlier traces and
 one link call per batch). The end of a run does not wait for it: told to flush or stop, the writer
 writes what it has at once."""
+READ_BACK = 100
+"""Traces read back in one query (their ids in one `IN` filter)."""
 FLUSH = "flush"
 """Tells the writer to write what it has at once and send the list of what it wrote."""
 HOP_ATTRIBUTES = (
@@ -681,6 +683,9 @@ class CountBack:
     """Seconds the run waited for the writer before counting back (`TraceWriter.close`)."""
     seconds: float = 0.0
     """Seconds the count-back took, with any repair (`TraceWriter.close`)."""
+    listed: bool = True
+    """Whether the count-back read the run's traces from the store (False: every trace had been
+    read back, whole, as it was written)."""
 
     @property
     def complete(self) -> bool:
@@ -695,16 +700,63 @@ class CountBack:
         return f"{short} of {self.expected} traces incomplete ({', '.join(parts)})"
 
 
-def count_back(target: Target, rows: Sequence[QuestionRow]) -> CountBack:
-    """Read the run's traces back from the store and compare each case's with what its row
-    makes: one trace, its spans and its assessments."""
-    stored: dict[str, list[mlflow.entities.Trace]] = {}
+@dataclass(frozen=True)
+class Stored:
+    """One trace as the store holds it, read back right after the writer reported it."""
+
+    trace_id: str
+    spans: int
+    assessments: int
+
+
+def read_back(target: Target, trace_ids: Sequence[str]) -> dict[str, Stored]:
+    """What the store holds of these traces of the run, by case (one query a hundred ids)."""
+    client = mlflow.MlflowClient(target.uri)
+    found: dict[str, Stored] = {}
+    ids = [i for i in trace_ids if i.replace("-", "").isalnum()]  # MLflow's ids: quote-free
+    for start in range(0, len(ids), READ_BACK):
+        chunk = ids[start : start + READ_BACK]
+        listed = ", ".join(f"'{trace_id}'" for trace_id in chunk)
+        for t in client.search_traces(
+            locations=[target.experiment_id],
+            filter_string=f"trace.request_id IN ({listed})",
+            include_spans=True,
+            max_results=len(chunk),
+        ):
+            case = str(t.info.tags.get(CASE_TAG))
+            found[case] = Stored(t.info.trace_id, len(t.data.spans), len(t.info.assessments))
+    return found
+
+
+def count_back(
+    target: Target, rows: Sequence[QuestionRow], seen: Mapping[str, Stored] | None = None
+) -> CountBack:
+    """Compare what the store holds of each case's trace with what its row makes: one trace,
+    its spans and its assessments. `seen` is what the store held of traces read back as they
+    were written (`TraceWriter` reads each batch back as soon as the writer reports it); when
+    every row's trace is there, whole, nothing is read again. Otherwise (a trace short or
+    unseen: a failed write, a resumed run's earlier traces) the run's traces are read back."""
+    if seen is not None:
+        whole = 0
+        for row in rows:
+            plan = build_trace(row, target)
+            stored = seen.get(case_of(row))
+            if not (
+                stored
+                and stored.spans == len(plan.spans)
+                and stored.assessments == len(plan.assessments())
+            ):
+                break
+            whole += 1
+        if whole == len(rows):
+            return CountBack(expected=len(rows), listed=False)
+    stored_traces: dict[str, list[mlflow.entities.Trace]] = {}
     for t in _run_traces(target, spans=True):
-        stored.setdefault(str(t.info.tags.get(CASE_TAG)), []).append(t)
+        stored_traces.setdefault(str(t.info.tags.get(CASE_TAG)), []).append(t)
     result = CountBack(expected=len(rows))
     for row in rows:
         plan = build_trace(row, target)
-        found = stored.get(case_of(row), [])
+        found = stored_traces.get(case_of(row), [])
         complete = [
             t
             for t in found
@@ -722,10 +774,13 @@ def count_back(target: Target, rows: Sequence[QuestionRow]) -> CountBack:
     return result
 
 
-def repair(target: Target, rows: Sequence[QuestionRow]) -> CountBack:
+def repair(
+    target: Target, rows: Sequence[QuestionRow], seen: Mapping[str, Stored] | None = None
+) -> CountBack:
     """Count back the run's traces; write again each case that falls short (and drop second
-    traces of a case), then count again: what is still short is what could not be repaired."""
-    found = count_back(target, rows)
+    traces of a case), then count again, reading the store: what is still short is what could
+    not be repaired."""
+    found = count_back(target, rows, seen)
     if found.complete:
         return found
     client = mlflow.MlflowClient(target.uri)
@@ -876,6 +931,10 @@ class TraceWriter:
         self._flushed = 0
         self._asked = 0
         self._gone = False
+        self._targets: dict[str, Target] = {}  # run id -> where its traces are read back
+        self._unchecked: list[Written] = []  # reported written, not read back yet
+        self._checking = False
+        self._seen: dict[str, dict[str, Stored]] = {}  # run id -> case -> what the store holds
         self._changed = threading.Condition()
         self._owner = os.getpid()
         context = multiprocessing.get_context("spawn")
@@ -892,6 +951,8 @@ class TraceWriter:
         sender.close()  # the writer's end: when it ends, reading here ends too
         self._reader = threading.Thread(target=self._read, name="caprag-trace-reports", daemon=True)
         self._reader.start()
+        self._checker = threading.Thread(target=self._check, name="caprag-trace-check", daemon=True)
+        self._checker.start()
 
     @property
     def pid(self) -> int:
@@ -912,13 +973,50 @@ class TraceWriter:
                 if kind == "wrote":
                     for item in payload:
                         self._done[item.run_id] = self._done.get(item.run_id, 0) + 1
+                    self._unchecked += payload
                 else:
                     self._flushed += 1
                 self._changed.notify_all()
 
+    def _check(self) -> None:
+        """Read back each batch the writer reports as soon as it does (here, while the run goes
+        on: the count-back at the end then has only the last batch left to read), until the
+        writer is gone and every report was read back."""
+        while True:
+            with self._changed:
+                while not self._unchecked and not self._gone:
+                    self._changed.wait()
+                if not self._unchecked:
+                    return
+                batch, self._unchecked, self._checking = self._unchecked, [], True
+            try:
+                by_run: dict[str, list[str]] = {}
+                for item in batch:
+                    by_run.setdefault(item.run_id, []).append(item.trace_id)
+                for run_id, ids in by_run.items():
+                    found = read_back(self._targets[run_id], ids)
+                    with self._changed:
+                        self._seen.setdefault(run_id, {}).update(found)
+            except Exception:  # what was not read back is read at the end (`count_back`)
+                pass
+            finally:
+                with self._changed:
+                    self._checking = False
+                    self._changed.notify_all()
+
+    def _wait_checked(self, deadline: float) -> None:
+        """Wait until every batch reported so far was read back (or the hang guard ran out)."""
+        with self._changed:
+            while self._unchecked or self._checking:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._checker.is_alive():
+                    return
+                self._changed.wait(min(left, 1.0))
+
     def bind(self, target: Target) -> None:
         """The run the following rows belong to."""
         self.target = target
+        self._targets[target.run_id] = target
 
     def submit(self, rows: Sequence[QuestionRow]) -> None:
         """Queue the traces of rows, answered or failed (returns at once; nothing is queued for
@@ -944,10 +1042,15 @@ class TraceWriter:
                 self.stop()  # it is gone: reap it and say how it ended
         else:
             self.stop()
-        if self.target is None or not rows:
-            return CountBack(waited_s=time.monotonic() - start)
         counted = time.monotonic()
-        found = repair(self.target, rows)
+        if self.target is None:
+            return CountBack(waited_s=counted - start)
+        self._wait_checked(counted + self.close_timeout_s)
+        with self._changed:
+            seen = self._seen.pop(self.target.run_id, {})
+        if not rows:
+            return CountBack(waited_s=counted - start)
+        found = repair(self.target, rows, seen)
         found.waited_s, found.seconds = counted - start, time.monotonic() - counted
         return found
 
@@ -1025,6 +1128,7 @@ class TraceWriter:
             _warn(f"the trace writer ended with exit code {self._process.exitcode}")
         self._reader.join(10)
         self._replies.close()
+        self._checker.join(self.close_timeout_s)
         # Rows still queued for a writer that is gone must not hold this process at exit.
         self._inbox.cancel_join_thread()
 

@@ -227,7 +227,9 @@ def test_the_writer_commits_at_most_three_times_a_trace_with_every_span_and_asse
     writer.bind(target)
     for at in range(0, len(rows), 6):
         writer.submit(rows[at : at + 6])
-    assert writer.close(rows).complete
+    counted = writer.close(rows)
+    assert counted.complete
+    assert not counted.listed  # each batch was read back as it was written, not again at the end
     batches = [tuple(map(int, line.split())) for line in commits.read_text().splitlines()]
     written = sum(n for n, _ in batches)
     assert written == len(rows)
