@@ -216,3 +216,35 @@ def library_name(titles: Sequence[str]) -> str:
     if shared and shared[0].lower() == "the":
         shared = shared[1:]
     return f"the {' '.join(shared)} books" if shared else DEFAULT_LIBRARY
+
+
+def junk_query(query: str, searched: Iterable[str] = ()) -> str | None:
+    """Why a rule should not search this query, or None when it is worth a search: it is one
+    word ('Considering', 'October': a word alone finds passages that mention it for any reason),
+    it holds stop words only, or it was already searched in the question (case, spacing and
+    punctuation aside)."""
+    words = WORD.findall(query.lower())
+    if len(words) < 2:
+        return "one word" if words else "no words"
+    if not terms(query):
+        return "stop words only"
+    key = " ".join(words)
+    if any(" ".join(WORD.findall(done.lower())) == key for done in searched):
+        return "already searched"
+    return None
+
+
+def searchable(
+    queries: Iterable[str], searched: Iterable[str] = (), notes: list[str] | None = None
+) -> list[str]:
+    """The queries worth a search (`junk_query`), in order, each once; what is dropped, and why,
+    is said in `notes`."""
+    done = list(searched)
+    kept: list[str] = []
+    for query in queries:
+        why = junk_query(query, [*done, *kept])
+        if why is None:
+            kept.append(query)
+        elif notes is not None:
+            notes.append(f"query {query!r} not searched: {why}")
+    return kept

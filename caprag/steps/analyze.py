@@ -30,7 +30,15 @@ from caprag.retrieval.catalog import Catalog
 from caprag.schemas import MAX_QUERIES, MAX_QUERY_CHARS, Document
 from caprag.steps.base import NEUTRAL, RuleStep, StepResult, Wording, fit
 from caprag.steps.expand import cap
-from caprag.text import DEFAULT_LIBRARY, Reference, names, references, sentences, terms
+from caprag.text import (
+    DEFAULT_LIBRARY,
+    Reference,
+    names,
+    references,
+    searchable,
+    sentences,
+    terms,
+)
 
 ANALYZE = Prompt(
     name="analyze",
@@ -372,7 +380,7 @@ def decide(
         else:
             names_ = answer_bridges(question, documents, catalog)
             pointers = [follow_up(question, name, notes) for name in names_]
-        pointers = [q for q in pointers if q.lower() not in asked][:MAX_NEW_QUERIES]
+        pointers = searchable(pointers, [question, *searched], notes)[:MAX_NEW_QUERIES]
         if pointers:
             reasoning = "the answering sentence points to: " + ", ".join(pointers)
         else:
@@ -404,6 +412,7 @@ def decide(
     if bridges:
         reasons.append("named by the passages, not gathered yet: " + ", ".join(bridges))
         queries += [follow_up(question, name, notes) for name in bridges]
+    queries = searchable(queries, [question, *searched], notes)
     queries = [fit(q, MAX_QUERY_CHARS, "a query", notes) for q in queries[:MAX_NEW_QUERIES]]
     if not queries:
         reasons.append("nothing left to follow: every reference is resolved or already searched")

@@ -16,7 +16,7 @@ from caprag.llm.client import StepFailedError, StructuredClient
 from caprag.llm.prompt import Prompt
 from caprag.schemas import MAX_QUERIES, MAX_QUERY_CHARS
 from caprag.steps.base import NEUTRAL, RuleStep, StepResult, Wording
-from caprag.text import entities, terms
+from caprag.text import entities, searchable, terms
 
 EXPAND = Prompt(
     name="expand",
@@ -55,12 +55,10 @@ def cap(queries: list[str], n: int, notes: list[str]) -> list[str]:
 
 
 def rule_expansion(question: str, n: int) -> list[str]:
-    """Named rules of the question, then its keywords, at most n."""
-    subs = [name for name in entities(question) if name.lower() != question.lower()]
+    """Named rules of the question, then its keywords, at most n; none that is junk
+    (`caprag.text.junk_query`: one word, stop words only, the question itself)."""
     keywords = " ".join(dict.fromkeys(terms(question)))
-    if keywords and keywords not in subs:
-        subs.append(keywords)
-    return subs[:n]
+    return searchable([*entities(question), keywords], [question])[:n]
 
 
 class RuleExpander(RuleStep):

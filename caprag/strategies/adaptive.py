@@ -31,6 +31,7 @@ from caprag.strategies.base import (
     Retriever,
     elapsed,
 )
+from caprag.text import searchable
 from caprag.trace import HopTrace, report_round
 
 BUDGETS = ("depth", "iterations", "chunks", "tokens", "cost", "timeout")
@@ -335,18 +336,17 @@ class AdaptiveDepthStrategy(RetrievalStrategy):
     ) -> list[str]:
         """What a deeper round searches: what the assessment found missing (the rule gives the
         follow-up queries of the unresolved references or bridge names; a model's items are
-        searched with the question), else the expansion of the question; never a query already
-        searched."""
-        asked = {q.lower() for q in searched}
+        searched with the question), else the expansion of the question; never a junk query
+        (`caprag.text.junk_query`: one word, stop words only, already searched)."""
         if self.steps.assess.kind == "rule":
             wanted = [item for item in missing if not item.startswith(NOT_FOUND)]
         else:
             wanted = [follow_up(question, item) for item in missing]
-        wanted = [q for q in dict.fromkeys(wanted) if q.lower() not in asked]
+        wanted = searchable(wanted, [question, *searched])
         if not wanted:
             expansion, calls = await self.expanded(question, MAX_NEW_QUERIES)
             usage += calls
-            wanted = [q for q in dict.fromkeys(expansion) if q.lower() not in asked]
+            wanted = searchable(expansion, [question, *searched])
         return wanted[:MAX_NEW_QUERIES]
 
     async def _search(

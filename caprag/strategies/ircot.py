@@ -22,6 +22,7 @@ from caprag.strategies.base import (
     Retriever,
     elapsed,
 )
+from caprag.text import junk_query
 from caprag.trace import HopTrace
 
 
@@ -88,7 +89,8 @@ class IRCoTStrategy(RetrievalStrategy):
             if answer:
                 said = "(this sentence answers)" if answer == sentence else answer
                 hop.reasoning = [*(hop.reasoning or []), f"So the answer is: {said}"]
-            if thought.value.answer or not sentence or sentence.lower() == query.lower():
+            searched = [state.main_question, *(q for h in hops for q in h.queries)]
+            if thought.value.answer or not sentence or junk_query(sentence, searched):
                 break
             query = sentence
         return dataclasses.replace(state, questions=questions, context=context.top(), hops=hops)

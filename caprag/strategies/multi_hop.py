@@ -17,6 +17,7 @@ from caprag.strategies.base import (
     Retriever,
     elapsed,
 )
+from caprag.text import searchable
 from caprag.trace import HopTrace
 
 
@@ -103,8 +104,7 @@ class MultiHopStrategy(RetrievalStrategy):
             if analysis.usage:
                 hop.usage.append(analysis.usage)
             hop.latency_s = elapsed(start)
-            asked = {q.lower() for q in searched}
-            queries = [q for q in analysis.value.new_queries if q.lower() not in asked]
+            queries = searchable(analysis.value.new_queries, [state.main_question, *searched])
             if analysis.value.sufficient or not queries:
                 break
         return dataclasses.replace(state, questions=questions, context=context.top(), hops=hops)

@@ -25,6 +25,7 @@ from caprag.strategies.base import (
     Retriever,
     elapsed,
 )
+from caprag.text import junk_query
 from caprag.trace import HopTrace
 
 
@@ -73,7 +74,9 @@ class SelfAskStrategy(RetrievalStrategy):
             if turn.usage:
                 hop.usage.append(turn.usage)
             follow_up = turn.value.follow_up
-            if turn.value.final_answer or not follow_up or number > self.max_follow_ups + 1:
+            searched = [question, *(f for f, _ in asked)]
+            junk = bool(follow_up) and junk_query(follow_up, searched) is not None
+            if turn.value.final_answer or not follow_up or junk or number > self.max_follow_ups + 1:
                 if turn.value.final_answer:
                     hop.reasoning = [
                         *(hop.reasoning or []),
